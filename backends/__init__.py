@@ -1,0 +1,59 @@
+"""Backends (installed as ``hetsched.backends``): the seam between the core and execution.
+
+Built-in: ``cpu`` (onnxruntime CPU EP, core-pinned). Others are found by name:
+``get_backend("cpu")`` imports ``hetsched.backends.<name>`` and instantiates its
+``backend_class``; third-party backends register under the entry-point group
+``hetsched.backends``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any
+
+from hetsched._errors import BackendUnavailableError
+
+from ._base import Backend, Capabilities, CompiledStage, Device, DeviceKind, OpRule
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "CompiledStage",
+    "Device",
+    "DeviceKind",
+    "OpRule",
+    "get_backend",
+]
+
+_cache: dict[str, Any] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """Return the (shared) backend instance called ``name``.
+
+    :raises BackendUnavailableError: no such backend, or its optional SDK is missing
+        (the message names the pip extra to install).
+    """
+    backend = _cache.get(name)
+    if backend is not None:
+        return backend
+    module_name = f"hetsched.backends.{name.replace('-', '_')}"
+    cls: Any = None
+    try:
+        module = importlib.import_module(module_name)
+        cls = getattr(module, "backend_class", None)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+    if cls is None:
+        for ep in entry_points(group="hetsched.backends"):
+            if ep.name == name:
+                cls = ep.load()
+                break
+    if cls is None:
+        raise BackendUnavailableError(f"no backend named {name!r} (built-in: 'cpu'; others register under the "
+                                      "'hetsched.backends' entry-point group)")
+    backend = cls()
+    _cache[name] = backend
+    return backend

@@ -1,0 +1,136 @@
+"""The backend seam: what a device can run, compiling a stage, running a stage.
+
+A backend is three calls::
+
+    caps = backend.capabilities(device)          # which ops this device can run
+    compiled = backend.compile(stage_model, device, name=...)   # once per stage
+    outputs = compiled.run(feeds)                # per request, in the device's worker thread
+
+GPU/NPU backends (TensorRT, RKNN) and simulated ones implement the same three
+calls; the core never imports an SDK itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import onnx
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "CompiledStage",
+    "Device",
+    "DeviceKind",
+    "OpRule",
+]
+
+DeviceKind = Literal["cpu", "gpu", "npu"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """A place a stage can run: a set of CPU cores, a GPU, an NPU (real or simulated).
+
+    ``peak_flops`` and ``mem_bandwidth`` feed the analytic cost estimate until
+    measured costs replace it; ``domain`` is the clock domain the governor controls
+    (``"cluster4"``, ``"gpu"``, ...), ``memory_domain`` the memory the device writes.
+    """
+
+    name: str
+    kind: DeviceKind = "cpu"
+    backend: str = "cpu"
+    cpus: tuple[int, ...] = ()
+    memory_domain: str = "host"
+    domain: str | None = None
+    capacity: float = 1024.0
+    max_freq_khz: int | None = None
+    peak_flops: float = 2.0e10
+    mem_bandwidth: float = 1.0e10
+    options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """One capability rule: an op type (``None`` = any) in a domain, an opset range, input dtypes."""
+
+    op_type: str | None
+    domain: str = ""
+    since: int = 1
+    until: int | None = None
+    dtypes: frozenset[int] | None = None
+    """Allowed ``TensorProto`` element types of the node's inputs, or None for any."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can run. ``allow`` rules are checked first, then ``deny`` removes."""
+
+    allow: tuple[OpRule, ...]
+    deny: tuple[OpRule, ...] = ()
+
+    @classmethod
+    def everything(cls) -> Capabilities:
+        return cls(allow=(OpRule(None, domain="*"),))
+
+    @classmethod
+    def ops(cls, op_types: Iterable[str], *, domain: str = "", since: int = 1, until: int | None = None,
+            dtypes: Iterable[int] | None = None) -> Capabilities:
+        dt = frozenset(dtypes) if dtypes is not None else None
+        return cls(allow=tuple(OpRule(o, domain, since, until, dt) for o in sorted(set(op_types))))
+
+    def supports(self, op_type: str, domain: str, opset: int, input_dtypes: Sequence[int | None] = ()) -> bool:
+        return self._match(self.allow, op_type, domain, opset, input_dtypes) and not self._match(
+            self.deny, op_type, domain, opset, input_dtypes
+        )
+
+    @staticmethod
+    def _match(rules: tuple[OpRule, ...], op_type: str, domain: str, opset: int,
+               input_dtypes: Sequence[int | None]) -> bool:
+        for r in rules:
+            if r.op_type is not None and r.op_type != op_type:
+                continue
+            if r.domain != "*" and r.domain != domain:
+                continue
+            if opset < r.since or (r.until is not None and opset > r.until):
+                continue
+            if r.dtypes is not None and any(d is not None and d not in r.dtypes for d in input_dtypes):
+                continue
+            return True
+        return False
+
+
+@runtime_checkable
+class CompiledStage(Protocol):
+    """A stage compiled for one device. ``run`` is called from the device's worker thread."""
+
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the stage; returns outputs in ``output_names`` order.
+
+        Raises :class:`hetsched.StageExecutionError` (with the cause chained) on failure.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Compile and run stages on devices of one kind."""
+
+    name: str
+
+    def capabilities(self, device: Device) -> Capabilities: ...
+
+    def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
+        """Compile a standalone stage model. Raises :class:`hetsched.CompileError`."""
+        ...

@@ -1,0 +1,5 @@
+import sys
+
+from hetsched._cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""``hetsched`` command line: one module per subcommand, each with ``register(subparsers)``.
+
+A subcommand module defines ``register(subparsers) -> None`` that adds its parser and
+sets ``func`` (a callable ``(args) -> int``) with ``parser.set_defaults(func=...)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Order is the order of ``hetsched --help``.
+_SUBCOMMAND_MODULES = (
+    "hetsched._cli._demo",
+    "hetsched._cli._plan",
+    "hetsched._cli._run",
+    "hetsched._cli._info",
+    "hetsched._cli._top",
+    "hetsched._cli._twin",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetsched",
+        description="Heterogeneous edge SoC runtime: ONNX partitioning, placement, scheduling and DVFS.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # A subcommand module not written yet must not break the others.
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from hetsched._errors import HetschedError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except HetschedError as exc:
+        print(f"hetsched: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

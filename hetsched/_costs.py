@@ -1,0 +1,181 @@
+"""Cost estimates: analytic (FLOPs and bytes from shapes) and measured (EMA per stage and device)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from ._errors import ProfileError
+from ._graph import GraphIndex
+
+__all__ = ["CostTable", "CostTableStatistics", "NodeCost", "analytic_node_costs", "value_bytes"]
+
+_ELEM_SIZE = {
+    TensorProto.FLOAT: 4, TensorProto.UINT8: 1, TensorProto.INT8: 1, TensorProto.UINT16: 2,
+    TensorProto.INT16: 2, TensorProto.INT32: 4, TensorProto.INT64: 8, TensorProto.BOOL: 1,
+    TensorProto.FLOAT16: 2, TensorProto.DOUBLE: 8, TensorProto.UINT32: 4, TensorProto.UINT64: 8,
+    TensorProto.COMPLEX64: 8, TensorProto.COMPLEX128: 16, TensorProto.BFLOAT16: 2,
+}
+
+# Stage-boundary overhead the analytic model charges for running a unit at all (dispatch,
+# onnxruntime call setup); measured costs replace it.
+STAGE_OVERHEAD_S = 30e-6
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    flops: float
+    bytes: float
+
+
+def _shape(t: onnx.TypeProto | None) -> tuple[list[int], int] | None:
+    if t is None or t.WhichOneof("value") != "tensor_type":
+        return None
+    tt = t.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
+    return dims, tt.elem_type
+
+
+def value_bytes(index: GraphIndex, name: str) -> float:
+    """Bytes of a value from its inferred type; unknown dims count as 1, unknown types as 4 bytes."""
+    s = _shape(index.value_type(name))
+    if s is None:
+        return 4.0
+    dims, et = s
+    return float(math.prod(dims) * _ELEM_SIZE.get(et, 4))
+
+
+def _numel(index: GraphIndex, name: str) -> float:
+    s = _shape(index.value_type(name))
+    return float(math.prod(s[0])) if s else 1.0
+
+
+def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
+    """FLOPs and bytes moved per node, from inferred shapes (a MAC counts as 2 FLOPs)."""
+    costs: list[NodeCost] = []
+    graph_nodes = index.graph.node
+    for ref in index.nodes:
+        node = graph_nodes[ref.index]
+        op = ref.op_type
+        out_elems = sum(_numel(index, o) for o in ref.outputs) or 1.0
+        nbytes = sum(value_bytes(index, v) for v in ref.inputs) + sum(value_bytes(index, o) for o in ref.outputs)
+        flops = out_elems
+        if op in ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose") and len(node.input) > 1:
+            w = _shape(index.value_type(node.input[1] if op != "QLinearConv" else node.input[3]))
+            if w is not None:
+                per_out = math.prod(w[0][1:])
+                if op == "ConvTranspose":
+                    flops = 2.0 * _numel(index, node.input[0]) * per_out * (w[0][0] if w[0] else 1)
+                else:
+                    flops = 2.0 * out_elems * per_out
+        elif op in ("MatMul", "MatMulInteger", "Gemm", "QLinearMatMul", "FusedMatMul"):
+            a = _shape(index.value_type(node.input[0]))
+            if a is not None and a[0]:
+                k = a[0][-1]
+                if op == "Gemm":
+                    trans_a = next((at.i for at in node.attribute if at.name == "transA"), 0)
+                    if trans_a and len(a[0]) >= 2:
+                        k = a[0][-2]
+                flops = 2.0 * out_elems * k
+        elif op in ("LSTM", "GRU", "RNN") and len(node.input) > 2:
+            w = _shape(index.value_type(node.input[1]))
+            r = _shape(index.value_type(node.input[2]))
+            x = _shape(index.value_type(node.input[0]))
+            if w and r and x:
+                flops = 2.0 * (math.prod(w[0]) + math.prod(r[0])) * x[0][0] * (x[0][1] if len(x[0]) > 1 else 1)
+        elif ref.has_subgraph:
+            flops = out_elems * 10.0
+        costs.append(NodeCost(float(flops), float(nbytes)))
+    return costs
+
+
+@dataclass(frozen=True)
+class CostTableStatistics:
+    entries: int
+    updates: int
+    devices_calibrated: int
+
+
+class CostTable:
+    """Measured costs, keyed by (stage or unit signature, device name), smoothed by an EMA.
+
+    ``smoothing`` is the weight of a new sample (Band uses 0.1). A per-device calibration
+    factor (measured / analytic, also an EMA) lets measurements of some stages improve
+    the estimate of stages never measured on that device. Thread-safe: worker threads
+    call :meth:`update`.
+    """
+
+    def __init__(self, smoothing: float = 0.1):
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.smoothing = smoothing
+        self._lock = threading.Lock()
+        self._seconds: dict[tuple[str, str], float] = {}
+        self._factor: dict[str, float] = {}
+        self._updates = 0
+
+    def update(self, key: str, device: str, seconds: float, *, analytic_s: float | None = None) -> float:
+        """Fold one measurement in; returns the smoothed value."""
+        a = self.smoothing
+        with self._lock:
+            old = self._seconds.get((key, device))
+            new = seconds if old is None else (1 - a) * old + a * seconds
+            self._seconds[(key, device)] = new
+            if analytic_s and analytic_s > 0:
+                ratio = seconds / analytic_s
+                f = self._factor.get(device)
+                self._factor[device] = ratio if f is None else (1 - a) * f + a * ratio
+            self._updates += 1
+            return new
+
+    def get(self, key: str, device: str) -> float | None:
+        return self._seconds.get((key, device))
+
+    def factor(self, device: str) -> float:
+        return self._factor.get(device, 1.0)
+
+    def statistics(self) -> CostTableStatistics:
+        return CostTableStatistics(len(self._seconds), self._updates, len(self._factor))
+
+    def to_json(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "smoothing": self.smoothing,
+                "seconds": [[k, d, v] for (k, d), v in sorted(self._seconds.items())],
+                "factor": dict(self._factor),
+            }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> CostTable:
+        try:
+            table = cls(float(data.get("smoothing", 0.1)))  # type: ignore[arg-type]
+            for k, d, v in data["seconds"]:  # type: ignore[union-attr]
+                table._seconds[(str(k), str(d))] = float(v)
+            for d, f in dict(data.get("factor", {})).items():  # type: ignore[call-overload]
+                table._factor[str(d)] = float(f)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"malformed cost table: {exc}") from exc
+        return table
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostTable:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ProfileError(f"cost table {str(path)!r} could not be read: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ProfileError(f"cost table {str(path)!r}: expected a JSON object")
+        return cls.from_json(data)

@@ -1,0 +1,268 @@
+"""Device specs (``"cpu:0-3"``, ``"big"``) and the host's CPU clusters from sysfs."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hetsched.backends import Device
+
+from ._errors import DeviceSpecError
+
+__all__ = [
+    "CpuCluster",
+    "discover_cpu_clusters",
+    "host_cpus",
+    "parse_cpulist",
+    "resolve_devices",
+]
+
+# Rough per-core throughput used by the analytic cost model until measurements replace
+# it: FLOPs per cycle achieved by onnxruntime's MLAS kernels on a modern core.
+_FLOPS_PER_CYCLE = 8.0
+_DEFAULT_FREQ_KHZ = 2_000_000
+_MEM_BW_PER_DEVICE = 1.0e10
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Parse a kernel cpulist (``"0-3,6 8"``) into sorted unique CPU numbers.
+
+    :raises DeviceSpecError: malformed list.
+    """
+    cpus: set[int] = set()
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise DeviceSpecError(f"bad CPU list {text!r}: {part!r} is not N or N-M")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise DeviceSpecError(f"bad CPU list {text!r}: range {part!r} runs backwards")
+        cpus.update(range(lo, hi + 1))
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus: Sequence[int]) -> str:
+    out: list[str] = []
+    cpus = sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def host_cpus() -> tuple[int, ...]:
+    """CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class CpuCluster:
+    """CPUs sharing a cpufreq policy (one clock domain)."""
+
+    policy: int | None
+    cpus: tuple[int, ...]
+    capacity: float
+    max_freq_khz: int | None
+    role: str = "cpu"
+    """``"big"``, ``"little"``, ``"mid"`` (ranked by capacity, then max frequency) or ``"cpu"``."""
+
+    @property
+    def domain(self) -> str | None:
+        return f"cluster{self.policy}" if self.policy is not None else None
+
+    def device(self) -> Device:
+        freq = self.max_freq_khz or _DEFAULT_FREQ_KHZ
+        per_core = _FLOPS_PER_CYCLE * freq * 1e3 * (self.capacity / 1024.0)
+        return Device(
+            name=f"cpu:{format_cpulist(self.cpus)}",
+            kind="cpu",
+            backend="cpu",
+            cpus=self.cpus,
+            domain=self.domain,
+            capacity=self.capacity,
+            max_freq_khz=self.max_freq_khz,
+            peak_flops=per_core * len(self.cpus),
+            mem_bandwidth=_MEM_BW_PER_DEVICE,
+            options={"role": self.role},
+        )
+
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_text()
+    except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
+        return None
+
+
+def discover_cpu_clusters(root: str | os.PathLike[str] = "/") -> list[CpuCluster]:
+    """CPU clusters from ``sys/devices/system/cpu`` under ``root``.
+
+    Uses cpufreq policies and their ``related_cpus``, ``cpu_capacity`` and
+    ``topology/cluster_id``; falls back to one cluster of all online CPUs (as on
+    this x86 host without cpufreq). Missing files are absent capabilities.
+    """
+    base = Path(root) / "sys/devices/system/cpu"
+    online_text = _read(base, "online")
+    online = parse_cpulist(online_text) if online_text else (host_cpus() if Path(root) == Path("/") else ())
+    clusters: list[CpuCluster] = []
+    seen: set[int] = set()
+    policies: list[tuple[int, Path]] = []
+    cpufreq = base / "cpufreq"
+    if cpufreq.is_dir():
+        for p in cpufreq.iterdir():
+            m = re.fullmatch(r"policy(\d+)", p.name)
+            if m:
+                policies.append((int(m.group(1)), p))
+    for num, path in sorted(policies):
+        related = _read(path, "related_cpus") or _read(path, "affected_cpus")
+        cpus = tuple(c for c in (parse_cpulist(related) if related else (num,)) if not online or c in online)
+        if not cpus:
+            continue
+        max_freq = _read(path, "cpuinfo_max_freq")
+        cap_text = _read(base, f"cpu{cpus[0]}/cpu_capacity")
+        clusters.append(
+            CpuCluster(
+                policy=num,
+                cpus=cpus,
+                capacity=float(cap_text) if cap_text and cap_text.strip().isdigit() else 1024.0,
+                max_freq_khz=int(max_freq) if max_freq and max_freq.strip().isdigit() else None,
+            )
+        )
+        seen.update(cpus)
+    if not clusters:
+        # No cpufreq: group by topology/cluster_id, else one cluster.
+        groups: dict[str, list[int]] = {}
+        for c in online:
+            cid = _read(base, f"cpu{c}/topology/cluster_id")
+            groups.setdefault((cid or "0").strip(), []).append(c)
+        for cid, cpus_l in sorted(groups.items()):
+            cap_text = _read(base, f"cpu{cpus_l[0]}/cpu_capacity")
+            clusters.append(
+                CpuCluster(
+                    policy=None,
+                    cpus=tuple(cpus_l),
+                    capacity=float(cap_text) if cap_text and cap_text.strip().isdigit() else 1024.0,
+                    max_freq_khz=None,
+                )
+            )
+    return _rank(clusters)
+
+
+def _rank(clusters: list[CpuCluster]) -> list[CpuCluster]:
+    if len(clusters) <= 1:
+        return clusters
+    keys = sorted({(c.capacity, c.max_freq_khz or 0) for c in clusters})
+    if len(keys) == 1:
+        return clusters
+    out = []
+    for c in clusters:
+        k = (c.capacity, c.max_freq_khz or 0)
+        role = "little" if k == keys[0] else "big" if k == keys[-1] else "mid"
+        out.append(replace(c, role=role))
+    return out
+
+
+def resolve_devices(
+    specs: Iterable[str | Device] | str | Device | None,
+    *,
+    root: str | os.PathLike[str] = "/",
+    available_cpus: Sequence[int] | None = None,
+) -> list[Device]:
+    """Turn device specs into :class:`Device` objects.
+
+    Accepted specs: a ``Device``; ``"cpu"`` (all usable CPUs as one device);
+    ``"cpu:0"``, ``"cpu:0-1"``, ``"cpu:4,5"`` (pinned to those cores); ``"big"``,
+    ``"little"``, ``"mid"`` (each host cluster of that rank); ``"clusters"`` (every
+    host cluster). ``None`` means every host cluster.
+
+    :raises DeviceSpecError: unparseable spec, CPUs the host lacks, or duplicate names.
+    """
+    usable = tuple(available_cpus) if available_cpus is not None else host_cpus()
+    if specs is None:
+        specs = ["clusters"]
+    elif isinstance(specs, (str, Device)):
+        specs = [specs]
+    out: list[Device] = []
+    clusters: list[CpuCluster] | None = None
+    for spec in specs:
+        if isinstance(spec, Device):
+            out.append(spec)
+            continue
+        if not isinstance(spec, str):
+            raise DeviceSpecError(f"device spec must be a string or Device, got {type(spec).__name__}")
+        s = spec.strip().lower()
+        if s in ("clusters", "big", "little", "mid"):
+            if clusters is None:
+                clusters = [c for c in discover_cpu_clusters(root) if c.cpus]
+            chosen = [c for c in clusters if s == "clusters" or c.role == s]
+            if not chosen and s == "big" and len(clusters) == 1:
+                chosen = clusters  # a homogeneous host: its one cluster is both big and little
+            if not chosen and s == "little" and len(clusters) == 1:
+                chosen = clusters
+            if not chosen:
+                raise DeviceSpecError(f"device spec {spec!r}: the host has no {s} CPU cluster")
+            for c in chosen:
+                dev = c.device()
+                missing = [x for x in dev.cpus if x not in usable]
+                if missing:
+                    raise DeviceSpecError(
+                        f"device spec {spec!r}: cluster {dev.name} has CPUs {missing} this process cannot use"
+                    )
+                out.append(dev)
+            continue
+        if s == "cpu":
+            cpus: tuple[int, ...] = usable
+        elif s.startswith("cpu:"):
+            cpus = parse_cpulist(s[4:])
+            if not cpus:
+                raise DeviceSpecError(f"device spec {spec!r} names no CPUs")
+        else:
+            raise DeviceSpecError(
+                f"unknown device spec {spec!r}: expected 'cpu', 'cpu:N', 'cpu:N-M', 'cpu:N,M', "
+                "'big', 'little', 'mid' or 'clusters'"
+            )
+        missing = [c for c in cpus if c not in usable]
+        if missing:
+            raise DeviceSpecError(
+                f"device spec {spec!r} names CPUs {missing} that this host/process lacks (usable: "
+                f"{format_cpulist(usable)})"
+            )
+        freq = None
+        cap = 1024.0
+        dom = None
+        for c in discover_cpu_clusters(root) if clusters is None else clusters:
+            if set(cpus) <= set(c.cpus):
+                freq, cap, dom = c.max_freq_khz, c.capacity, c.domain
+        per_core = _FLOPS_PER_CYCLE * (freq or _DEFAULT_FREQ_KHZ) * 1e3 * cap / 1024.0
+        out.append(
+            Device(
+                name=f"cpu:{format_cpulist(cpus)}",
+                kind="cpu",
+                backend="cpu",
+                cpus=cpus,
+                domain=dom,
+                capacity=cap,
+                max_freq_khz=freq,
+                peak_flops=per_core * len(cpus),
+                mem_bandwidth=_MEM_BW_PER_DEVICE,
+            )
+        )
+    names = [d.name for d in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise DeviceSpecError(f"duplicate devices: {dupes}")
+    if not out:
+        raise DeviceSpecError("no devices given")
+    return out

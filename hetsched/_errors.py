@@ -1,0 +1,220 @@
+"""The exception tree of hetsched.
+
+Every error hetsched raises on purpose is a :class:`HetschedError`. Where a
+builtin describes the condition too, the class also derives from it, so callers
+that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
+
+    HetschedError
+    ├── ModelError                      loading a model failed
+    │   ├── ModelNotFoundError          (+ FileNotFoundError) no such file
+    │   ├── ModelFormatError            (+ ValueError) bytes are not an ONNX model
+    │   └── InvalidModelError           (+ ValueError) onnx.checker / shape inference refused it
+    ├── PartitionError                  (+ ValueError) no device can run some ops
+    ├── PlacementError                  (+ ValueError) a policy returned an unusable placement
+    ├── DeviceSpecError                 (+ ValueError) a device spec string could not be parsed
+    ├── InputError                      (+ ValueError) feeds: unknown/missing name, wrong dtype/shape
+    ├── BackendError                    a backend failed
+    │   ├── BackendUnavailableError     (+ ImportError) optional SDK missing; names the pip extra
+    │   ├── CompileError                a stage could not be compiled for its device
+    │   └── StageExecutionError         a stage failed at run time (names stage and device)
+    ├── RuntimeStateError               (+ RuntimeError) session used outside ``async with``/after close
+    ├── BufferStateError                (+ RuntimeError) illegal buffer lifecycle transition / refcount
+    │   └── BufferLeakError             buffers still referenced at session close
+    ├── TransferError                   a copy between memory domains failed
+    ├── PlatformError                   the board could not be read or written
+    │   ├── SysfsError                  (+ OSError) a sysfs/procfs/debugfs access failed
+    │   │   ├── SysfsPermissionError    (+ GovernorError, PermissionError) no permission on a path
+    │   │   └── PathOutsideRootError    (+ ValueError) refused to touch a path outside the root
+    │   ├── UnknownSocError             (+ LookupError) no profile for this SoC name
+    │   └── TwinError                   the SoC twin was misused (e.g. bad speed, bad root)
+    ├── GovernorError                   the DVFS governor failed
+    │   ├── UnsupportedFrequencyError   (+ ValueError) frequency not in the available list
+    │   ├── UnsupportedGovernorError    (+ ValueError) governor not in the available list
+    │   ├── FrequencyLockError          a domain's clock did not follow the written value
+    │   └── PowerBudgetError            (+ ValueError) no operating point fits the power budget
+    └── ProfileError                    (+ ValueError) a saved profile/JSON file is malformed
+
+Errors from onnxruntime and the OS are translated at the boundary with
+``raise ... from exc`` so the original stays visible as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "BufferLeakError",
+    "BufferStateError",
+    "CompileError",
+    "DeviceSpecError",
+    "FrequencyLockError",
+    "GovernorError",
+    "HetschedError",
+    "InputError",
+    "InvalidModelError",
+    "ModelError",
+    "ModelFormatError",
+    "ModelNotFoundError",
+    "PartitionError",
+    "PathOutsideRootError",
+    "PlacementError",
+    "PlatformError",
+    "PowerBudgetError",
+    "ProfileError",
+    "RuntimeStateError",
+    "StageExecutionError",
+    "SysfsError",
+    "SysfsPermissionError",
+    "TransferError",
+    "TwinError",
+    "UnknownSocError",
+    "UnsupportedFrequencyError",
+    "UnsupportedGovernorError",
+]
+
+
+class HetschedError(Exception):
+    """Base class of every error hetsched raises on purpose."""
+
+
+# -- models -----------------------------------------------------------------
+
+
+class ModelError(HetschedError):
+    """Loading a model failed. Raised by :func:`hetsched.load_model` and ``Session``."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """The model path does not exist (the message names the path)."""
+
+
+class ModelFormatError(ModelError, ValueError):
+    """The file or bytes could not be parsed as an ONNX ``ModelProto``."""
+
+
+class InvalidModelError(ModelError, ValueError):
+    """``onnx.checker`` or shape inference rejected the model; the reason is in the message."""
+
+
+# -- planning -----------------------------------------------------------------
+
+
+class PartitionError(HetschedError, ValueError):
+    """Some op types can run on none of the devices asked for.
+
+    Attributes ``op_types`` (sorted list) and ``devices`` (names asked) say which.
+    """
+
+    def __init__(self, message: str, *, op_types: list[str] | None = None, devices: list[str] | None = None):
+        super().__init__(message)
+        self.op_types = list(op_types or [])
+        self.devices = list(devices or [])
+
+
+class PlacementError(HetschedError, ValueError):
+    """A placement policy returned an unknown or incapable device, or left a unit unplaced."""
+
+
+class DeviceSpecError(HetschedError, ValueError):
+    """A device spec such as ``"cpu:0-3"`` could not be parsed or names CPUs the host lacks."""
+
+
+class InputError(HetschedError, ValueError):
+    """The feeds given to ``Session.run`` do not match the model's inputs.
+
+    The message names the input, what was expected and what was given.
+    """
+
+
+# -- backends -----------------------------------------------------------------
+
+
+class BackendError(HetschedError):
+    """A backend failed; subclasses say whether at import, compile or run time."""
+
+
+class BackendUnavailableError(BackendError, ImportError):
+    """An optional SDK (tensorrt, rknnlite, torch) is missing; the message names the pip extra."""
+
+
+class CompileError(BackendError):
+    """A stage could not be compiled (e.g. onnxruntime refused the extracted subgraph)."""
+
+
+class StageExecutionError(BackendError):
+    """A stage failed while running a request. ``stage`` and ``device`` name where."""
+
+    def __init__(self, message: str, *, stage: str | None = None, device: str | None = None):
+        super().__init__(message)
+        self.stage = stage
+        self.device = device
+
+
+# -- runtime ------------------------------------------------------------------
+
+
+class RuntimeStateError(HetschedError, RuntimeError):
+    """A Session (or pool, engine) was used before ``async with`` entered it or after it closed."""
+
+
+class BufferStateError(HetschedError, RuntimeError):
+    """An illegal buffer lifecycle transition or a reference count going below zero."""
+
+
+class BufferLeakError(BufferStateError):
+    """Buffers were still referenced when their pool closed; the message names their stages."""
+
+
+class TransferError(HetschedError):
+    """A copy between memory domains failed or was given inconsistent buffers."""
+
+
+# -- platform -----------------------------------------------------------------
+
+
+class PlatformError(HetschedError):
+    """Reading or writing the board (sysfs, procfs, debugfs) failed."""
+
+
+class GovernorError(HetschedError):
+    """The DVFS governor could not do what was asked."""
+
+
+class SysfsError(PlatformError, OSError):
+    """A sysfs/procfs/debugfs access failed for a reason other than a missing file."""
+
+
+class SysfsPermissionError(SysfsError, GovernorError, PermissionError):
+    """No permission to read or write a path; the message names it (run as root, or ``strict=False``)."""
+
+
+class PathOutsideRootError(SysfsError, ValueError):
+    """A path resolved (through ``..`` or a symlink) outside the injected root; nothing was touched."""
+
+
+class UnknownSocError(PlatformError, LookupError):
+    """No SoC profile with that name; the message lists the known ones."""
+
+
+class TwinError(PlatformError):
+    """The SoC twin was given bad parameters (unknown SoC, bad root, bad speed)."""
+
+
+class UnsupportedFrequencyError(GovernorError, ValueError):
+    """A frequency is not in the domain's available list (the message shows the list)."""
+
+
+class FrequencyLockError(GovernorError):
+    """A domain's achieved frequency did not follow what was written (e.g. nvpmodel re-applied)."""
+
+
+class PowerBudgetError(GovernorError, ValueError):
+    """Even the lowest operating point is predicted to exceed the power budget."""
+
+
+class ProfileError(HetschedError, ValueError):
+    """A saved profile (cost table, governor profile) is malformed or for another board."""
+
+
+class UnsupportedGovernorError(GovernorError, ValueError):
+    """A cpufreq/devfreq governor name is not in the domain's available list (the message shows it)."""

@@ -1,0 +1,131 @@
+"""Runtime events and hooks.
+
+Hooks subclass :class:`Hooks` and override the methods named like the events they
+want. Only overridden methods are registered (trio's ``Instrument`` rule), so an
+event nobody listens to costs one falsy check on the hot path.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Event", "EventInfo", "HookDispatcher", "Hooks", "Priority"]
+
+
+class Priority(enum.IntEnum):
+    """Request priority; smaller is more urgent. Within a priority requests are FIFO."""
+
+    REALTIME = 0
+    HIGH = 1
+    NORMAL = 2
+    BACKGROUND = 3
+
+
+class Event(enum.StrEnum):
+    """Events of a Session, in the order they fire::
+
+        async with Session(model) as s:          # SESSION_START
+            await s.run(feeds)                   # REQUEST_START
+                for stage in ready stages (most urgent first, per device):
+                    for tensor crossing a memory domain:
+                        # BEFORE_TRANSFER
+                        copy chunks ...          # PREEMPTED / RESUMED around a higher-priority copy
+                        # AFTER_TRANSFER
+                    # BEFORE_STAGE
+                    outputs = device.run(stage)
+                    # AFTER_STAGE                (also after a failing stage, with .error set)
+                # REQUEST_END                    (also on failure/cancellation, with .error set)
+        # SESSION_END
+
+    Attributes:
+        SESSION_START: the session planned, compiled and started its workers.
+        REQUEST_START / REQUEST_END: around one ``run`` call.
+        BEFORE_STAGE / AFTER_STAGE: in the device's worker thread, around one stage run.
+        BEFORE_TRANSFER / AFTER_TRANSFER: around a cross-domain copy.
+        PREEMPTED / RESUMED: a low-priority copy was soft-suspended / resumed.
+        SESSION_END: workers stopped; fires even when the session exits with an error.
+    """
+
+    SESSION_START = "session_start"
+    REQUEST_START = "request_start"
+    BEFORE_TRANSFER = "before_transfer"
+    AFTER_TRANSFER = "after_transfer"
+    PREEMPTED = "preempted"
+    RESUMED = "resumed"
+    BEFORE_STAGE = "before_stage"
+    AFTER_STAGE = "after_stage"
+    REQUEST_END = "request_end"
+    SESSION_END = "session_end"
+
+    @property
+    def is_before(self) -> bool:
+        return self.value.startswith("before_") or self.value.endswith("_start")
+
+    @property
+    def is_after(self) -> bool:
+        return self.value.startswith("after_") or self.value.endswith("_end")
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """What a hook is told. Fields that do not apply to an event are None."""
+
+    event: Event
+    time_s: float
+    request_id: int | None = None
+    priority: Priority | None = None
+    stage: str | None = None
+    device: str | None = None
+    elapsed_s: float | None = None
+    nbytes: int | None = None
+    error: BaseException | None = None
+    extra: Any = None
+
+
+class Hooks:
+    """Base class of session hooks; each method is a no-op named after an :class:`Event`.
+
+    Hooks on ``BEFORE_STAGE``/``AFTER_STAGE`` run in device worker threads: keep them
+    short and thread-safe. The others run in the event loop.
+    """
+
+    def session_start(self, info: EventInfo) -> None: ...
+    def request_start(self, info: EventInfo) -> None: ...
+    def before_transfer(self, info: EventInfo) -> None: ...
+    def after_transfer(self, info: EventInfo) -> None: ...
+    def preempted(self, info: EventInfo) -> None: ...
+    def resumed(self, info: EventInfo) -> None: ...
+    def before_stage(self, info: EventInfo) -> None: ...
+    def after_stage(self, info: EventInfo) -> None: ...
+    def request_end(self, info: EventInfo) -> None: ...
+    def session_end(self, info: EventInfo) -> None: ...
+
+
+class HookDispatcher:
+    """Holds, per event, only the hook methods actually overridden.
+
+    ``dispatcher.listeners[event]`` is a tuple (empty when nobody listens); callers
+    check it before building an :class:`EventInfo`. After-events run in reverse
+    registration order so hooks unwind like nested context managers.
+    """
+
+    def __init__(self, hooks: Iterable[object] = ()):
+        self.hooks = list(hooks)
+        self.listeners: dict[Event, tuple[Callable[[EventInfo], None], ...]] = {}
+        for ev in Event:
+            fns: list[Callable[[EventInfo], None]] = []
+            for h in self.hooks:
+                method = getattr(type(h), ev.value, None)
+                if method is None or method is getattr(Hooks, ev.value):
+                    continue
+                fns.append(getattr(h, ev.value))
+            if ev.is_after:
+                fns.reverse()
+            self.listeners[ev] = tuple(fns)
+
+    def emit(self, info: EventInfo) -> None:
+        for fn in self.listeners[info.event]:
+            fn(info)

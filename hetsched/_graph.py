@@ -1,0 +1,171 @@
+"""An index over an ONNX graph: producers, consumers, outer-scope reads, types, op costs.
+
+Built once per model in linear time; the partitioner and the cost model read it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import onnx
+from onnx import AttributeProto
+
+__all__ = ["GraphIndex", "outer_scope_reads"]
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterable[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def outer_scope_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph reads that it does not define itself (If/Loop/Scan bodies)."""
+    defined: set[str] = {i.name for i in graph.input}
+    defined.update(t.name for t in graph.initializer)
+    defined.update(t.values.name for t in graph.sparse_initializer)
+    used: set[str] = set()
+    for node in graph.node:
+        defined.update(o for o in node.output if o)
+        used.update(i for i in node.input if i)
+        for sub in _subgraphs(node):
+            used |= outer_scope_reads(sub)
+    return used - defined
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """What the partitioner needs to know about one node."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    """Every value the node reads, including outer-scope reads of its subgraphs."""
+    outputs: tuple[str, ...]
+    has_subgraph: bool
+
+
+class GraphIndex:
+    """Linear-time index of a model's main graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        graph = model.graph
+        self.graph = graph
+        self.opsets: dict[str, int] = {o.domain or "": o.version for o in model.opset_import}
+        self.initializers: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer}
+        self.sparse_initializers: dict[str, onnx.SparseTensorProto] = {
+            t.values.name: t for t in graph.sparse_initializer
+        }
+        self.graph_inputs: list[str] = [i.name for i in graph.input]
+        self.required_inputs: list[str] = [
+            n for n in self.graph_inputs if n not in self.initializers and n not in self.sparse_initializers
+        ]
+        self.graph_outputs: list[str] = [o.name for o in graph.output]
+        self.value_info: dict[str, onnx.ValueInfoProto] = {}
+        for vi in graph.value_info:
+            self.value_info[vi.name] = vi
+        for vi in graph.output:
+            self.value_info[vi.name] = vi
+        for vi in graph.input:
+            self.value_info[vi.name] = vi
+
+        nodes: list[NodeRef] = []
+        self.producer: dict[str, int] = {}
+        for idx, node in enumerate(graph.node):
+            subs = list(_subgraphs(node))
+            ins = [i for i in node.input if i]
+            if subs:
+                seen = set(ins)
+                for sub in subs:
+                    for name in sorted(outer_scope_reads(sub)):
+                        if name not in seen:
+                            seen.add(name)
+                            ins.append(name)
+            outs = tuple(o for o in node.output if o)
+            name = node.name or f"{node.op_type}_{idx}"
+            nodes.append(NodeRef(idx, name, node.op_type, node.domain or "", tuple(ins), outs, bool(subs)))
+            for o in outs:
+                self.producer[o] = idx
+        self.nodes = nodes
+
+        # Edges between nodes (deduplicated); values read but produced by no node are
+        # graph inputs, initializers or outer names.
+        preds: list[list[int]] = [[] for _ in nodes]
+        succs: list[list[int]] = [[] for _ in nodes]
+        self.consumers: dict[str, list[int]] = {}
+        for n in nodes:
+            seen_p: set[int] = set()
+            for v in n.inputs:
+                self.consumers.setdefault(v, []).append(n.index)
+                p = self.producer.get(v)
+                if p is not None and p not in seen_p and p != n.index:
+                    seen_p.add(p)
+                    preds[n.index].append(p)
+                    succs[p].append(n.index)
+        self.preds = preds
+        self.succs = succs
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def topological_order(self, keys: list[int] | None = None) -> list[int]:
+        """Kahn's algorithm; among ready nodes prefer the same ``keys[i]`` as the last one taken.
+
+        Preferring the same key (e.g. the capability mask, or the device) keeps nodes
+        that can be grouped next to each other, so runs are maximal.
+        """
+        n = len(self.nodes)
+        indeg = [len(p) for p in self.preds]
+        if keys is None:
+            ready = [i for i in range(n) if indeg[i] == 0]
+            heapq.heapify(ready)
+            order: list[int] = []
+            while ready:
+                i = heapq.heappop(ready)
+                order.append(i)
+                for s in self.succs[i]:
+                    indeg[s] -= 1
+                    if indeg[s] == 0:
+                        heapq.heappush(ready, s)
+        else:
+            by_key: dict[int, list[int]] = {}
+            for i in range(n):
+                if indeg[i] == 0:
+                    heapq.heappush(by_key.setdefault(keys[i], []), i)
+            order = []
+            current: int | None = None
+            while by_key:
+                bucket = by_key.get(current) if current is not None else None
+                if not bucket:
+                    # Switch to the key whose earliest ready node comes first in file order.
+                    current = min(by_key, key=lambda k: by_key[k][0])
+                    bucket = by_key[current]
+                i = heapq.heappop(bucket)
+                if not bucket:
+                    del by_key[current]
+                order.append(i)
+                for s in self.succs[i]:
+                    indeg[s] -= 1
+                    if indeg[s] == 0:
+                        heapq.heappush(by_key.setdefault(keys[s], []), s)
+        if len(order) != n:
+            from ._errors import InvalidModelError
+
+            raise InvalidModelError("graph has a cycle: nodes cannot be ordered topologically")
+        return order
+
+    def value_type(self, name: str) -> onnx.TypeProto | None:
+        vi = self.value_info.get(name)
+        if vi is not None and vi.type.WhichOneof("value") is not None:
+            return vi.type
+        init = self.initializers.get(name)
+        if init is not None:
+            return onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+        return None

@@ -1,0 +1,211 @@
+"""Planning: partition a model, place units with a policy, merge into stages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetsched.backends import Capabilities, Device, get_backend
+from hetsched.policies import (
+    DeviceState,
+    Link,
+    Placement,
+    PlacementPolicy,
+    PlacementProblem,
+    Unit,
+    get_policy,
+    policy_name,
+    validate_placement,
+)
+
+from ._costs import STAGE_OVERHEAD_S, CostTable, NodeCost, analytic_node_costs, value_bytes
+from ._graph import GraphIndex
+from ._partition import StageSpec, compute_units, merge_stages
+
+__all__ = ["Plan", "build_plan", "unit_key"]
+
+# Pricing of a stage boundary between devices. Same memory domain: only dispatch
+# overhead (buffers are shared); across domains: a copy at this bandwidth.
+_BOUNDARY_LATENCY_S = 40e-6
+_CROSS_DOMAIN_BPS = 4.0e9
+
+
+def unit_key(index: GraphIndex, nodes: Sequence[int]) -> str:
+    """Stable signature of a group of nodes (for the cost table)."""
+    first = index.nodes[nodes[0]].name
+    last = index.nodes[nodes[-1]].name
+    return f"{first}..{last}#{len(nodes)}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The outcome of planning: stages, the placement of units, and why."""
+
+    stages: tuple[StageSpec, ...]
+    units: tuple[Unit, ...]
+    placement: Placement
+    devices: tuple[Device, ...]
+    problem: PlacementProblem = field(repr=False)
+    graph_inputs: tuple[str, ...] = ()
+    graph_outputs: tuple[str, ...] = ()
+
+    @property
+    def device_of(self) -> Mapping[str, str]:
+        """Stage name -> device name."""
+        return {s.name: s.device for s in self.stages}
+
+    def stage_costs(self) -> dict[int, float]:
+        """Expected seconds per stage (sum of its units' costs on its device)."""
+        return {
+            s.id: sum(self.problem.cost[(u, s.device)] for u in s.units) for s in self.stages
+        }
+
+    def table(self, op_limit: int = 4) -> str:
+        """A readable placement table."""
+        costs = self.stage_costs()
+        rows = [("stage", "device", "nodes", "units", "deps", "est ms", "ops")]
+        for s in self.stages:
+            ops: dict[str, int] = {}
+            for u in s.units:
+                for op in self.units[u].op_types:
+                    ops[op] = ops.get(op, 0) + 1
+            top = ", ".join(f"{k}x{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:op_limit])
+            rows.append((s.name, s.device, str(len(s.nodes)), str(len(s.units)),
+                         ",".join(str(d) for d in s.deps) or "-", f"{costs[s.id] * 1e3:.3f}", top))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        costs = self.stage_costs()
+        return {
+            "policy": self.placement.policy,
+            "devices": [
+                {"name": d.name, "kind": d.kind, "cpus": list(d.cpus), "memory_domain": d.memory_domain,
+                 "domain": d.domain, "role": d.options.get("role")}
+                for d in self.devices
+            ],
+            "stages": [
+                {"id": s.id, "name": s.name, "device": s.device, "nodes": len(s.nodes), "units": list(s.units),
+                 "inputs": list(s.inputs), "outputs": list(s.outputs), "deps": list(s.deps),
+                 "estimated_s": costs[s.id]}
+                for s in self.stages
+            ],
+            "units": [
+                {"id": u.id, "nodes": list(u.nodes), "candidates": list(u.candidates),
+                 "device": self.placement.assignment[u.id],
+                 "scores": {d: dict(t) for d, t in self.placement.scores.get(u.id, {}).items()}}
+                for u in self.units
+            ],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
+
+
+def build_plan(
+    index: GraphIndex,
+    devices: Sequence[Device],
+    policy: PlacementPolicy | str | None = None,
+    *,
+    max_unit_nodes: int | None = None,
+    device_states: Mapping[str, DeviceState] | None = None,
+    costs: CostTable | None = None,
+    capabilities: Mapping[str, Capabilities] | None = None,
+    node_costs: Sequence[NodeCost] | None = None,
+) -> Plan:
+    """Partition ``index`` for ``devices`` and place it with ``policy``.
+
+    :raises PartitionError: an op no device can run.
+    :raises PlacementError: the policy's answer is unusable.
+    """
+    pol = get_policy(policy)
+    names = [d.name for d in devices]
+    by_name = {d.name: d for d in devices}
+    caps = dict(capabilities) if capabilities is not None else {
+        d.name: get_backend(d.backend).capabilities(d) for d in devices
+    }
+    drafts = compute_units(index, names, caps, max_unit_nodes=max_unit_nodes)
+    if node_costs is None:
+        node_costs = analytic_node_costs(index)
+
+    node_unit = [0] * len(index.nodes)
+    for u in drafts:
+        for nid in u.nodes:
+            node_unit[nid] = u.id
+    unit_preds: list[dict[int, None]] = [{} for _ in drafts]
+    unit_succs: list[dict[int, None]] = [{} for _ in drafts]
+    edges: dict[tuple[int, int], float] = {}
+    for u in drafts:
+        for nid in u.nodes:
+            for v in index.nodes[nid].inputs:
+                p = index.producer.get(v)
+                if p is None:
+                    continue
+                pu = node_unit[p]
+                if pu != u.id:
+                    unit_preds[u.id][pu] = None
+                    unit_succs[pu][u.id] = None
+                    edges[(pu, u.id)] = edges.get((pu, u.id), 0.0) + value_bytes(index, v)
+
+    units: list[Unit] = []
+    cost: dict[tuple[int, str], float] = {}
+    for u in drafts:
+        cands = tuple(names[b] for b in range(len(names)) if u.mask >> b & 1)
+        flops = sum(node_costs[n].flops for n in u.nodes)
+        nbytes = sum(node_costs[n].bytes for n in u.nodes)
+        key = unit_key(index, u.nodes) if costs is not None else ""
+        for dname in cands:
+            dev = by_name[dname]
+            est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
+            measured = costs.get(key, dname) if costs is not None else None
+            if measured is not None:
+                cost[(u.id, dname)] = measured
+            else:
+                cost[(u.id, dname)] = est * (costs.factor(dname) if costs is not None else 1.0)
+        units.append(
+            Unit(
+                id=u.id,
+                nodes=tuple(index.nodes[n].name for n in u.nodes),
+                op_types=tuple(index.nodes[n].op_type for n in u.nodes),
+                candidates=cands,
+                preds=tuple(unit_preds[u.id]),
+                succs=tuple(unit_succs[u.id]),
+                flops=flops,
+                bytes=nbytes,
+            )
+        )
+    states = {d.name: DeviceState(name=d.name, kind=d.kind, memory_domain=d.memory_domain) for d in devices}
+    if device_states:
+        for k, st in device_states.items():
+            if k in states:
+                states[k] = st
+    links: dict[tuple[str, str], Link] = {}
+    for a in devices:
+        for b in devices:
+            if a.name != b.name:
+                spb = 0.0 if a.memory_domain == b.memory_domain else 1.0 / _CROSS_DOMAIN_BPS
+                links[(a.name, b.name)] = Link(_BOUNDARY_LATENCY_S, spb)
+    problem = PlacementProblem(tuple(units), states, cost, edges, links)
+    placement = validate_placement(problem, pol.place(problem), policy_name(pol))
+    stages = merge_stages(
+        index,
+        drafts,
+        placement.assignment,
+        [list(p) for p in unit_preds],
+        [list(s) for s in unit_succs],
+    )
+    return Plan(
+        stages=tuple(stages),
+        units=tuple(units),
+        placement=placement,
+        devices=tuple(devices),
+        problem=problem,
+        graph_inputs=tuple(index.required_inputs),
+        graph_outputs=tuple(index.graph_outputs),
+    )
+
+

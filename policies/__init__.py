@@ -1,0 +1,102 @@
+"""Placement policies (installed as ``hetsched.policies``).
+
+A policy is a pure, synchronous function of a :class:`PlacementProblem` returning a
+:class:`Placement`. Built-ins: :class:`PowerThermalWeighted` (``"power-thermal"``),
+:class:`HEFT` (``"heft"``), :class:`Pinned` (``"pinned:DEVICE"``) and
+:class:`RandomPolicy` (``"random"`` or ``"random:SEED"``). Third-party policies
+register a class or factory under the entry-point group ``hetsched.policies``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from hetsched._errors import PlacementError
+
+from ._builtin import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+from ._problem import (
+    DeviceState,
+    Link,
+    Placement,
+    PlacementPolicy,
+    PlacementProblem,
+    Unit,
+    validate_placement,
+)
+
+__all__ = [
+    "HEFT",
+    "DeviceState",
+    "Link",
+    "Pinned",
+    "Placement",
+    "PlacementPolicy",
+    "PlacementProblem",
+    "PowerThermalWeighted",
+    "RandomPolicy",
+    "Unit",
+    "get_policy",
+    "policy_name",
+    "validate_placement",
+]
+
+_BUILTIN: dict[str, Callable[..., Any]] = {
+    "power-thermal": PowerThermalWeighted,
+    "heft": HEFT,
+    "random": RandomPolicy,
+}
+
+
+class _CallablePolicy:
+    def __init__(self, fn: Callable[[PlacementProblem], Any]):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "callable")
+
+    def place(self, problem: PlacementProblem) -> Any:
+        return self.fn(problem)
+
+
+def get_policy(spec: str | PlacementPolicy | Callable[[PlacementProblem], Any] | None) -> PlacementPolicy:
+    """Resolve a policy: an object with ``place``, a plain function, or a name.
+
+    Names: ``"power-thermal"``, ``"heft"``, ``"random"``, ``"random:SEED"``,
+    ``"pinned:DEVICE"``, or any entry point in the ``hetsched.policies`` group.
+    ``None`` means ``PowerThermalWeighted()``.
+
+    :raises PlacementError: unknown name (the message lists the known ones).
+    """
+    if spec is None:
+        return PowerThermalWeighted()
+    if isinstance(spec, str):
+        name, _, arg = spec.partition(":")
+        name = name.strip().lower()
+        if name == "pinned":
+            if not arg:
+                raise PlacementError("policy 'pinned' needs a device: 'pinned:cpu:0'")
+            return Pinned(arg)
+        if name == "random":
+            return RandomPolicy(int(arg) if arg else 0)
+        if name in _BUILTIN and not arg:
+            return _BUILTIN[name]()
+        for ep in entry_points(group="hetsched.policies"):
+            if ep.name == name:
+                obj = ep.load()
+                policy = obj() if isinstance(obj, type) else obj
+                if not hasattr(policy, "place"):
+                    policy = _CallablePolicy(policy)
+                return policy  # type: ignore[no-any-return]
+        known = sorted({*_BUILTIN, "pinned:DEVICE", *(ep.name for ep in entry_points(group="hetsched.policies"))})
+        raise PlacementError(f"unknown policy {spec!r}; known: {known}")
+    if hasattr(spec, "place"):
+        return spec  # type: ignore[return-value]
+    if callable(spec):
+        return _CallablePolicy(spec)
+    raise PlacementError(f"policy must be a name, an object with place(), or a function; got {type(spec).__name__}")
+
+
+def policy_name(policy: object) -> str:
+    return getattr(policy, "name", None) or getattr(policy, "__name__", None) or type(policy).__name__
+
+

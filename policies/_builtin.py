@@ -1,0 +1,212 @@
+"""Built-in placement policies: PowerThermalWeighted, HEFT, Pinned, RandomPolicy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+
+from hetsched._errors import PlacementError
+
+from ._problem import Placement, PlacementProblem, Unit
+
+__all__ = ["HEFT", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
+
+
+def _clamp01(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+class PowerThermalWeighted:
+    """Score devices by headroom and divide expected latency by the score.
+
+    ``score = w_util*(1-util) + w_temp*temp_headroom + w_power*power_headroom``
+    (defaults 0.4 / 0.3 / 0.3, from seeds-digest.md §B). Units are taken in
+    topological order; each goes to the device minimising its *effective finish time*::
+
+        ready = max(device free, inputs arrived (incl. transfers))
+        effective = ready + latency / max(score, min_score) ** sharpness
+
+    so a fast cool device beats a slow cool one, and a hot or busy device is used only
+    when it is much faster. Every candidate's terms are kept in ``Placement.scores``.
+    """
+
+    def __init__(self, w_util: float = 0.4, w_temp: float = 0.3, w_power: float = 0.3, *,
+                 min_score: float = 0.05, sharpness: float = 1.0):
+        if min(w_util, w_temp, w_power) < 0 or w_util + w_temp + w_power <= 0:
+            raise ValueError("weights must be non-negative and not all zero")
+        total = w_util + w_temp + w_power
+        self.w_util, self.w_temp, self.w_power = w_util / total, w_temp / total, w_power / total
+        self.min_score = min_score
+        self.sharpness = sharpness
+
+    def score(self, util: float, temp_headroom: float, power_headroom: float) -> float:
+        return (self.w_util * (1.0 - _clamp01(util)) + self.w_temp * _clamp01(temp_headroom)
+                + self.w_power * _clamp01(power_headroom))
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        scores_by_dev = {
+            name: self.score(st.utilisation, st.temp_headroom, st.power_headroom)
+            for name, st in problem.devices.items()
+        }
+        free_at: dict[str, float] = {d: 0.0 for d in problem.devices}
+        finish: dict[int, float] = {}
+        assignment: dict[int, str] = {}
+        terms: dict[int, dict[str, dict[str, float]]] = {}
+        cost = problem.cost
+        for unit in problem.units:
+            best_dev, best_eft, best_finish = "", float("inf"), 0.0
+            unit_terms: dict[str, dict[str, float]] = {}
+            for dev in unit.candidates:
+                st = problem.devices[dev]
+                s = max(scores_by_dev[dev], self.min_score)
+                lat = cost[(unit.id, dev)]
+                arrive = 0.0
+                for p in unit.preds:
+                    t = finish[p] + problem.transfer_seconds(p, unit.id, assignment[p], dev)
+                    if t > arrive:
+                        arrive = t
+                start = max(free_at[dev], arrive)
+                eff = start + lat / (s ** self.sharpness)
+                unit_terms[dev] = {
+                    "latency_s": lat, "start_s": start, "util": st.utilisation,
+                    "temp_headroom": st.temp_headroom, "power_headroom": st.power_headroom,
+                    "score": s, "effective_s": eff,
+                }
+                if eff < best_eft:
+                    best_dev, best_eft, best_finish = dev, eff, start + lat
+            assignment[unit.id] = best_dev
+            finish[unit.id] = best_finish
+            free_at[best_dev] = best_finish
+            terms[unit.id] = unit_terms
+        return Placement(assignment, "power-thermal", terms)
+
+
+class HEFT:
+    """Heterogeneous Earliest Finish Time (Topcuoglu et al. 2002), latency only.
+
+    Rank units by upward rank (average cost + max over successors of average transfer +
+    their rank), then assign in decreasing rank to the device with the earliest finish
+    time, inserting into idle gaps of a device's timeline.
+    """
+
+    def __init__(self, insertion: bool = True):
+        self.insertion = insertion
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        units = {u.id: u for u in problem.units}
+        cost = problem.cost
+        avg: dict[int, float] = {
+            u.id: sum(cost[(u.id, d)] for d in u.candidates) / len(u.candidates) for u in problem.units
+        }
+        devs = list(problem.devices)
+
+        def avg_comm(u: int, v: int) -> float:
+            if len(devs) < 2:
+                return 0.0
+            tot = 0.0
+            n = 0
+            for a in devs:
+                for b in devs:
+                    if a != b:
+                        tot += problem.transfer_seconds(u, v, a, b)
+                        n += 1
+            return tot / n if n else 0.0
+
+        has_links = bool(problem.links)
+        rank: dict[int, float] = {}
+        for u in reversed(problem.units):
+            best = 0.0
+            for s in u.succs:
+                c = (avg_comm(u.id, s) if has_links else 0.0) + rank[s]
+                if c > best:
+                    best = c
+            rank[u.id] = avg[u.id] + best
+        # Decreasing rank is a topological order (rank(u) > rank(succ) when costs > 0);
+        # ties are broken by topological position to keep that property with zero costs.
+        position = {u.id: i for i, u in enumerate(problem.units)}
+        order = sorted(units, key=lambda i: (-rank[i], position[i]))
+        timeline: dict[str, list[tuple[float, float]]] = {d: [] for d in devs}
+        finish: dict[int, float] = {}
+        assignment: dict[int, str] = {}
+        terms: dict[int, dict[str, dict[str, float]]] = {}
+        for uid in order:
+            u = units[uid]
+            best_dev, best_eft, best_start = "", float("inf"), 0.0
+            ut: dict[str, dict[str, float]] = {}
+            for dev in u.candidates:
+                ready = 0.0
+                for p in u.preds:
+                    if p not in finish:  # zero-cost ties: fall back to topological safety
+                        raise PlacementError(f"HEFT: unit {uid} ranked before its predecessor {p}")
+                    t = finish[p] + problem.transfer_seconds(p, uid, assignment[p], dev)
+                    if t > ready:
+                        ready = t
+                dur = cost[(uid, dev)]
+                start = self._slot(timeline[dev], ready, dur)
+                eft = start + dur
+                ut[dev] = {"latency_s": dur, "ready_s": ready, "start_s": start, "eft_s": eft, "rank": rank[uid]}
+                if eft < best_eft:
+                    best_dev, best_eft, best_start = dev, eft, start
+            assignment[uid] = best_dev
+            finish[uid] = best_eft
+            tl = timeline[best_dev]
+            tl.append((best_start, best_eft))
+            if self.insertion:
+                tl.sort()
+            terms[uid] = ut
+        return Placement(assignment, "heft", terms)
+
+    def _slot(self, tl: list[tuple[float, float]], ready: float, dur: float) -> float:
+        if not tl:
+            return ready
+        if not self.insertion:
+            return max(ready, tl[-1][1])
+        prev_end = 0.0
+        for s, e in tl:
+            start = max(ready, prev_end)
+            if start + dur <= s:
+                return start
+            prev_end = max(prev_end, e)
+        return max(ready, prev_end)
+
+
+class Pinned:
+    """Place by a user mapping, or everything on one device.
+
+    ``Pinned("cpu:0")`` puts every unit on ``cpu:0``. ``Pinned({"conv1": "cpu:1"},
+    default="cpu:0")`` maps node names (a unit goes where its first mapped node says) and
+    sends the rest to ``default``. A callable ``f(unit) -> device`` is accepted too.
+
+    :raises PlacementError: a unit has no mapping and no default, or the device cannot run it.
+    """
+
+    def __init__(self, mapping: str | Mapping[str, str] | Callable[[Unit], str], *, default: str | None = None):
+        self.mapping = mapping
+        self.default = default
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        assignment: dict[int, str] = {}
+        for u in problem.units:
+            if isinstance(self.mapping, str):
+                dev: str | None = self.mapping
+            elif callable(self.mapping) and not isinstance(self.mapping, Mapping):
+                dev = self.mapping(u)
+            else:
+                dev = next((self.mapping[n] for n in u.nodes if n in self.mapping), self.default)
+            if dev is None:
+                raise PlacementError(
+                    f"Pinned: unit {u.id} (nodes {list(u.nodes[:3])}) has no mapping and no default device"
+                )
+            assignment[u.id] = dev
+        return Placement(assignment, "pinned")
+
+
+class RandomPolicy:
+    """Each unit on a uniformly random capable device, reproducible by ``seed``."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        rng = random.Random(self.seed)
+        return Placement({u.id: rng.choice(sorted(u.candidates)) for u in problem.units}, "random")
