@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded model (default {DEFAULT_MODEL})")
     add_devices_args(p)
     p.set_defaults(max_unit_nodes=8)
+    p.add_argument("--soc", metavar="SOC", help="place and run on a simulated board (SoC twin): rk3588, orin-nx, "
+                   "orin-agx, orin-nano; prints each stage's modelled time and energy")
     p.add_argument("--requests", type=int, default=20, metavar="N")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of tables")
     p.set_defaults(func=main)
@@ -34,7 +36,12 @@ def main(args: argparse.Namespace) -> int:
     from hetsched import HetschedError, Session
 
     path = light_model(args.model)
-    devices = args.devices or default_host_devices()
+    if args.soc:
+        from hetsched.backends.sim import twin_devices
+
+        devices: list = twin_devices(args.soc)
+    else:
+        devices = args.devices or default_host_devices()
 
     async def go() -> int:
         async with Session(path, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes) as s:
@@ -68,6 +75,15 @@ def main(args: argparse.Namespace) -> int:
                 "latency_ms_median": statistics.median(lat) * 1e3,
                 "pipelined_throughput_rps": n_conc / wall,
             }
+            sim = [(st.spec.name, st.spec.device, st.compiled.statistics()) for st in s._stages
+                   if hasattr(st.compiled, "statistics")]
+            if sim:
+                summary["soc"] = args.soc
+                summary["modelled"] = [
+                    {"stage": n, "device": d, "runs": x.runs, "time_ms_per_run": x.modelled_time_s / x.runs * 1e3,
+                     "energy_mj_per_run": x.modelled_energy_j / x.runs * 1e3}
+                    for n, d, x in sim if x.runs
+                ]
             if args.json:
                 print(json.dumps(summary))
                 return 0
@@ -79,6 +95,16 @@ def main(args: argparse.Namespace) -> int:
                   f"(max abs diff {max_diff:.2e})")
             print(f"single request latency: median {summary['latency_ms_median']:.2f} ms over {args.requests}")
             print(f"{n_conc} concurrent requests, pipelined: {summary['pipelined_throughput_rps']:.1f} req/s")
+            if sim:
+                print(f"\nSIMULATED {args.soc} (SoC twin; tensors computed for real by onnxruntime on this host):")
+                print(f"{'stage':8} {'device':10} {'modelled ms/run':>16} {'modelled mJ/run':>16}")
+                tot_t = tot_e = 0.0
+                for row in summary["modelled"]:
+                    tot_t += row["time_ms_per_run"]
+                    tot_e += row["energy_mj_per_run"]
+                    print(f"{row['stage']:8} {row['device']:10} {row['time_ms_per_run']:16.3f} "
+                          f"{row['energy_mj_per_run']:16.3f}")
+                print(f"{'total':8} {'':10} {tot_t:16.3f} {tot_e:16.3f}  (serial sum per request)")
         return 0
 
     return anyio.run(go)

@@ -1,0 +1,212 @@
+"""Simulated SoC devices (the twin's CPU clusters, GPU and NPU) — a clearly labelled simulator.
+
+Every stage runs **for real** on the host with onnxruntime's CPU EP (outputs are
+exact), never pinned to cores the host lacks. What the simulation adds is the
+board: which ops each accelerator can run (so what RKNN or DLA cannot run falls
+back elsewhere), and the stage's *modelled* latency and energy at the domain's
+current clocks — a roofline split: compute-bound work scales with the core clock,
+memory-bound work with the memory clock.
+
+::
+
+    devices = twin_devices("rk3588")                       # cluster0/4/6, gpu, npu
+    async with Session(model, devices=devices) as s: ...
+    devices[4]  # Device(name="npu", kind="npu", backend="sim", ...)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from hetsched._devices import host_cpus
+
+from ._base import Capabilities, CompiledStage, Device, OpRule
+from .cpu import CpuBackend
+
+__all__ = ["OP_SETS", "SimBackend", "SimStage", "SimStageStatistics", "twin_devices"]
+
+_FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64, TensorProto.INT32})
+
+_CNN_CORE = (
+    "Conv", "ConvTranspose", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish",
+    "MaxPool", "AveragePool", "GlobalAveragePool", "BatchNormalization", "Add", "Sub", "Mul",
+    "Concat", "Dropout", "Identity", "LRN", "Softmax", "Resize", "Pad",
+)
+
+# Op limits per accelerator family (scheduling.md §3-4): RKNN runs a CNN core set plus
+# reshaping/matmul; TensorRT DLA runs convolutional layers in FP16/INT8 only (no
+# MatMul, no data-dependent shapes); Mali via OpenCL a broader float set; Ampere
+# (TensorRT on the Orin GPU) nearly everything.
+OP_SETS: Mapping[str, Capabilities] = {
+    "cpu": Capabilities.everything(),
+    "ampere": Capabilities(allow=(OpRule(None, domain=""),), deny=tuple(
+        OpRule(o) for o in ("If", "Loop", "Scan", "NonMaxSuppression", "StringNormalizer", "RandomNormal",
+                            "RandomUniform", "Multinomial"))),
+    "mali": Capabilities.ops((*_CNN_CORE, "Div", "Pow", "Sqrt", "Exp", "Tanh", "Erf", "Split", "Slice", "Reshape",
+                              "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gemm", "MatMul", "ReduceMean",
+                              "ReduceSum", "ReduceMax", "GlobalMaxPool", "InstanceNormalization",
+                              "LayerNormalization", "Gather"), dtypes=_FLOATS),
+    "rknn": Capabilities.ops((*_CNN_CORE, "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Split", "Slice"),
+                             dtypes=_FLOATS),
+    "dla": Capabilities.ops((*_CNN_CORE, "Tanh"), dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
+}
+
+_DEFAULT_OP_SET = {"cpu": "cpu", "gpu": "ampere", "npu": "rknn"}
+
+
+@dataclass(frozen=True)
+class SimStageStatistics:
+    runs: int
+    modelled_time_s: float
+    modelled_energy_j: float
+    last_modelled_s: float
+    host_time_s: float
+
+
+class SimStage:
+    """A stage run by onnxruntime on the host, reporting the twin's modelled time and energy."""
+
+    def __init__(self, inner: CompiledStage, name: str, device: Device, flops: float, nbytes: float):
+        self._inner = inner
+        self.name = name
+        self.device = device
+        self.input_names = inner.input_names
+        self.output_names = inner.output_names
+        self.flops = flops
+        self.bytes = nbytes
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._time = 0.0
+        self._energy = 0.0
+        self._last = 0.0
+        self._host = 0.0
+
+    def modelled(self) -> tuple[float, float]:
+        """(seconds, joules) of one run at the current clocks (roofline)."""
+        opt = self.device.options
+        clock: Callable[[str], int | None] = opt["clock"]
+        domain = opt["profile_domain"]
+        mem = opt.get("memory_domain_profile")
+        f = clock(domain.name) or domain.max_hz
+        t_compute = self.flops / max(1.0, domain.ops_per_cycle * f)
+        t_mem = 0.0
+        if mem is not None and self.bytes:
+            fm = clock(mem.name) or mem.max_hz
+            t_mem = self.bytes / max(1.0, mem.bandwidth_bps(fm))
+        t = max(t_compute, t_mem)
+        util = t_compute / t if t > 0 else 0.0
+        energy = domain.full_power_w(f) * util * t
+        return t, energy
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        import time
+
+        t0 = time.perf_counter()
+        out = self._inner.run(feeds)
+        host = time.perf_counter() - t0
+        t, e = self.modelled()
+        with self._lock:
+            self._runs += 1
+            self._time += t
+            self._energy += e
+            self._last = t
+            self._host += host
+        return out
+
+    def statistics(self) -> SimStageStatistics:
+        with self._lock:
+            return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class SimBackend:
+    """Backend for twin devices (``Device.backend == "sim"``)."""
+
+    name = "sim"
+
+    def __init__(self) -> None:
+        self._cpu = CpuBackend()
+
+    def capabilities(self, device: Device) -> Capabilities:
+        return OP_SETS[device.options.get("op_set", _DEFAULT_OP_SET[device.kind])]
+
+    def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
+        from hetsched._costs import analytic_node_costs
+        from hetsched._graph import GraphIndex
+
+        host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
+        inner = self._cpu.compile(model, host, name=name)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # shapes only refine the cost; the stage itself already compiled
+            inferred = model
+        costs = analytic_node_costs(GraphIndex(inferred))
+        return SimStage(inner, name, device, sum(c.flops for c in costs), sum(c.bytes for c in costs))
+
+
+def twin_devices(
+    soc: Any,
+    *,
+    clock: Callable[[str], int | None] | None = None,
+    op_sets: Mapping[str, str] | None = None,
+    host: tuple[int, ...] | None = None,
+) -> list[Device]:
+    """One simulated :class:`Device` per compute domain of a twin SoC profile.
+
+    :param soc: a profile name (``"rk3588"``, ``"orin-nx"``, ...) or a ``SocProfile``.
+    :param clock: ``domain name -> current Hz`` (a live twin's or a SimBoard's clocks);
+        default: every domain at its top OPP.
+    :param op_sets: override the op set per domain name (``{"npu": "rknn"}``).
+    :param host: host CPUs the stages really run on (default: every usable CPU; each
+        device is given one, round-robin, so twin clusters never pin to CPUs the host lacks).
+    :raises UnknownSocError: unknown profile name.
+    """
+    from hetsched._twin.profiles import get_profile
+
+    profile = get_profile(soc) if isinstance(soc, str) else soc
+    cpus = host or host_cpus()
+    clock_fn: Callable[[str], int | None] = clock or (lambda _name: None)
+    mem = next((d for d in profile.domains if d.kind == "memory"), None)
+    out: list[Device] = []
+    compute = [d for d in profile.domains if d.kind in ("cpu", "gpu", "npu")]
+    for i, d in enumerate(compute):
+        op_set = (op_sets or {}).get(d.name) or _op_set_for(profile, d)
+        bw = mem.bandwidth_bps(mem.max_hz) if mem is not None else 1e10
+        role = d.core_name or d.kind
+        out.append(
+            Device(
+                name=d.name,
+                kind=d.kind,
+                backend="sim",
+                cpus=(cpus[i % len(cpus)],),
+                memory_domain="dram",
+                domain=d.name,
+                capacity=float(d.capacity_dmips_mhz),
+                max_freq_khz=d.max_hz // 1000,
+                peak_flops=d.ops_per_cycle * d.max_hz,
+                mem_bandwidth=bw,
+                options={"clock": clock_fn, "profile_domain": d, "memory_domain_profile": mem,
+                         "op_set": op_set, "soc": profile.name, "role": role, "simulated": True},
+            )
+        )
+    return out
+
+
+def _op_set_for(profile: Any, domain: Any) -> str:
+    if domain.kind == "gpu":
+        return "mali" if profile.family == "rockchip" else "ampere"
+    if domain.kind == "npu":
+        return "rknn" if profile.family == "rockchip" else "dla"
+    return "cpu"
+
+
+backend_class = SimBackend
