@@ -1,0 +1,266 @@
+"""The one place in hetsched that touches the board's files.
+
+:class:`SysfsRoot` reads and writes below an injected root directory (``"/"`` on a
+real board, a temp dir holding a twin or fixture tree in tests). Every path is
+given relative to that root (``"sys/class/thermal/thermal_zone0/temp"``), is
+resolved through ``..`` and symlinks exactly as the kernel would, and is refused
+with :class:`~hetsched.PathOutsideRootError` *before anything is opened* when it
+lands outside the root.
+
+Error policy (the same for every subsystem module):
+
+* missing file or directory (``ENOENT``, ``ENOTDIR``): an **absent capability**;
+  reads return ``None``, ``listdir`` returns ``[]``;
+* ``EAGAIN``, ``EIO``, ``ENODATA``, ``ETIMEDOUT``, ``ENXIO``, ``ENODEV``: a flaky,
+  rail-gated or fused-off sensor (Orin ``cv*-thermal`` zones fail with
+  ``EAGAIN``; INA3221 reads can fail with ``EIO`` on i2c noise). The read returns
+  ``None`` for this sample and the event is counted in :meth:`SysfsRoot.statistics`;
+* ``EACCES``/``EPERM``: :class:`~hetsched.SysfsPermissionError` naming the path;
+* any other ``OSError``: :class:`~hetsched.SysfsError` naming the path.
+
+All of them are raised ``from`` the original ``OSError``. Reads open files with
+``O_NONBLOCK`` so a misbehaving node (a FIFO in a fake tree, say) can never hang
+the sampler.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import PathOutsideRootError, SysfsError, SysfsPermissionError
+
+__all__ = ["FLAKY_ERRNOS", "ResolvedPath", "SysfsRoot", "SysfsStatistics"]
+
+#: errno values that mean "this sensor has no value right now" rather than a bug.
+FLAKY_ERRNOS: frozenset[int] = frozenset(
+    {errno.EAGAIN, errno.EIO, errno.ENODATA, errno.ETIMEDOUT, errno.ENXIO, errno.ENODEV}
+)
+_ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+_PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+# A resolved path has no symlink left in it; refusing one at open time means a
+# link swapped in after resolution cannot redirect the read or write.
+_RESOLVED_READ_FLAGS = _READ_FLAGS | os.O_NOFOLLOW
+# O_TRUNC: harmless on sysfs (kernfs ignores it, as for `echo >`), needed on plain-file trees.
+_WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class ResolvedPath:
+    """An absolute path already resolved and checked to lie inside its root.
+
+    Made by :meth:`SysfsRoot.resolve`; hot loops (telemetry) keep these so each
+    sample costs one ``open``/``read``/``close`` and no path resolution.
+    """
+
+    path: str
+    rel: str
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class SysfsStatistics:
+    """Counters of one :class:`SysfsRoot`."""
+
+    reads: int
+    writes: int
+    flaky_reads: int
+    """Reads that failed with a flaky-sensor errno and returned ``None``."""
+
+
+class SysfsRoot:
+    """Reads and writes files below ``root`` and nowhere else.
+
+    :param root: the directory that plays ``/`` (default the real root).
+    :raises SysfsError: ``root`` does not exist or is not a directory.
+    """
+
+    __slots__ = ("_flaky", "_prefix", "_reads", "_root", "_writes")
+
+    def __init__(self, root: str | os.PathLike[str] = "/") -> None:
+        real = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(real):
+            raise SysfsError(errno.ENOTDIR, f"sysfs root {os.fspath(root)!r} is not a directory")
+        self._root = real
+        self._prefix = real if real.endswith(os.sep) else real + os.sep
+        self._reads = 0
+        self._writes = 0
+        self._flaky = 0
+
+    # -- paths ----------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The resolved root directory."""
+        return Path(self._root)
+
+    @property
+    def is_host_root(self) -> bool:
+        """True when the root is the real ``/`` (so libudev and /proc of this host apply)."""
+        return self._root == os.sep
+
+    def __repr__(self) -> str:
+        return f"SysfsRoot({self._root!r})"
+
+    def _join(self, rel: str | ResolvedPath) -> str:
+        if isinstance(rel, ResolvedPath):
+            return rel.path
+        rel_s = os.fspath(rel).lstrip("/")
+        return os.path.join(self._root, rel_s)
+
+    def _check(self, resolved: str, rel: str | ResolvedPath) -> str:
+        if resolved != self._root and not resolved.startswith(self._prefix):
+            raise PathOutsideRootError(
+                errno.EXDEV, f"refusing {str(rel)!r}: it resolves to {resolved!r}, outside the root {self._root!r}"
+            )
+        return resolved
+
+    def resolve(self, rel: str | ResolvedPath) -> ResolvedPath:
+        """Resolve ``rel`` (``..`` and symlinks) and check it stays under the root.
+
+        The file need not exist. :raises PathOutsideRootError: it resolves outside the root.
+        """
+        if isinstance(rel, ResolvedPath):
+            return rel
+        resolved = self._check(os.path.realpath(self._join(rel)), rel)
+        return ResolvedPath(resolved, self.relative(resolved))
+
+    def relative(self, absolute: str) -> str:
+        """``absolute`` (inside the root) as a root-relative path without leading slash."""
+        if absolute == self._root:
+            return ""
+        return absolute[len(self._prefix) :] if absolute.startswith(self._prefix) else absolute
+
+    def realpath(self, rel: str | ResolvedPath) -> str:
+        """Root-relative resolved form of ``rel`` (like ``realpath`` inside a chroot).
+
+        :raises PathOutsideRootError: it resolves outside the root.
+        """
+        return self.resolve(rel).rel
+
+    # -- queries ----------------------------------------------------------------
+
+    def exists(self, rel: str | ResolvedPath) -> bool:
+        """True when ``rel`` exists inside the root. :raises PathOutsideRootError:."""
+        return os.path.exists(self.resolve(rel).path)
+
+    def is_dir(self, rel: str | ResolvedPath) -> bool:
+        """True when ``rel`` is a directory inside the root. :raises PathOutsideRootError:."""
+        return os.path.isdir(self.resolve(rel).path)
+
+    def listdir(self, rel: str | ResolvedPath) -> list[str]:
+        """Sorted entry names of a directory; ``[]`` when it is absent.
+
+        :raises PathOutsideRootError: the directory resolves outside the root.
+        :raises SysfsPermissionError: it may not be listed.
+        """
+        path = self.resolve(rel)
+        try:
+            return sorted(os.listdir(path.path))
+        except OSError as exc:
+            if exc.errno in _ABSENT_ERRNOS:
+                return []
+            raise self._translate(exc, path, "listing") from exc
+
+    # -- reads --------------------------------------------------------------------
+
+    def read_bytes(self, rel: str | ResolvedPath) -> bytes | None:
+        """Whole content of a file, or ``None`` when absent or flaky (see module doc).
+
+        :raises PathOutsideRootError: ``rel`` resolves outside the root (nothing opened).
+        :raises SysfsPermissionError: no permission to read it.
+        :raises SysfsError: any other failure (e.g. it is a directory).
+        """
+        if isinstance(rel, ResolvedPath):
+            path = rel
+            flags = _RESOLVED_READ_FLAGS
+        else:
+            path = self.resolve(rel)
+            flags = _READ_FLAGS
+        self._reads += 1
+        try:
+            fd = os.open(path.path, flags)
+            try:
+                data = os.read(fd, _READ_CHUNK)
+                if len(data) == _READ_CHUNK:
+                    chunks = [data]
+                    while chunk := os.read(fd, _READ_CHUNK):
+                        chunks.append(chunk)
+                    data = b"".join(chunks)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno in _ABSENT_ERRNOS:
+                return None
+            if exc.errno in FLAKY_ERRNOS:
+                self._flaky += 1
+                return None
+            raise self._translate(exc, path, "reading") from exc
+        return data
+
+    def read_text(self, rel: str | ResolvedPath) -> str | None:
+        """:meth:`read_bytes` decoded (UTF-8, undecodable bytes replaced); same errors."""
+        data = self.read_bytes(rel)
+        return None if data is None else data.decode("utf-8", "replace")
+
+    def read_str(self, rel: str | ResolvedPath) -> str | None:
+        """:meth:`read_text` stripped of surrounding whitespace and NULs (device-tree strings)."""
+        text = self.read_text(rel)
+        return None if text is None else text.strip().strip("\0").strip()
+
+    def read_int(self, rel: str | ResolvedPath) -> int | None:
+        """An integer file (``"44384\\n"``); ``None`` when absent, flaky, empty or not a number.
+
+        Same errors as :meth:`read_bytes`.
+        """
+        data = self.read_bytes(rel)
+        if data is None:
+            return None
+        try:
+            return int(data)
+        except ValueError:
+            return None
+
+    # -- writes -----------------------------------------------------------------
+
+    def write_text(self, rel: str | ResolvedPath, value: object) -> None:
+        """Write ``str(value)`` to an existing file below the root (sysfs-style, no create).
+
+        :raises PathOutsideRootError: ``rel`` resolves outside the root (nothing opened).
+        :raises SysfsPermissionError: no permission to write it.
+        :raises SysfsError: it does not exist, or the kernel refused the value
+            (``EINVAL``, ``EBUSY``...); the message names the path and the value.
+        """
+        path = self.resolve(rel)
+        data = str(value).encode()
+        self._writes += 1
+        try:
+            fd = os.open(path.path, _WRITE_FLAGS)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise self._translate(exc, path, f"writing {str(value)!r} to") from exc
+
+    # -- misc ---------------------------------------------------------------------
+
+    def statistics(self) -> SysfsStatistics:
+        """Counts of reads, writes and flaky reads so far."""
+        return SysfsStatistics(reads=self._reads, writes=self._writes, flaky_reads=self._flaky)
+
+    def _translate(self, exc: OSError, path: ResolvedPath, action: str) -> SysfsError:
+        where = "/" + path.rel if self._root == os.sep else f"{path.rel} (under {self._root})"
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno in _PERMISSION_ERRNOS:
+            return SysfsPermissionError(
+                exc.errno, f"permission denied {action} {where}: run as root or grant access to it"
+            )
+        return SysfsError(exc.errno or errno.EIO, f"{action} {where} failed: {reason}")

@@ -1,0 +1,176 @@
+"""thermal: zones, their temperatures (millidegrees C) and trip points.
+
+Layout (kernel ABI)::
+
+    sys/class/thermal/thermal_zoneN -> ../../devices/virtual/thermal/thermal_zoneN
+    thermal_zoneN/{type, temp, mode, policy, trip_point_K_{temp,type,hyst}}
+    sys/class/thermal/cooling_deviceN/{type, cur_state, max_state}
+
+Fused-off Orin zones (``cv0-2`` on NX/Nano) either fail with ``EAGAIN`` (the
+:class:`~hetsched._platform._fs.SysfsRoot` read returns None) or read
+``-256000``; both are an *absent* temperature, as jtop treats them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._fs import SysfsRoot
+
+__all__ = [
+    "OFFLINE_MILLIDEG",
+    "CoolingDevice",
+    "ThermalZone",
+    "TripPoint",
+    "parse_temp_c",
+    "read_cooling_devices",
+    "read_temp_c",
+    "read_zones",
+    "zone_short_name",
+]
+
+THERMAL_CLASS = "sys/class/thermal"
+THERMAL_VIRTUAL = "sys/devices/virtual/thermal"
+#: What tegrastats prints as ``CV0@-256C``: the zone's sensor is fused off.
+OFFLINE_MILLIDEG = -256000
+
+_TRIP_RE = re.compile(r"^trip_point_(\d+)_temp$")
+
+
+def parse_temp_c(text: str | None) -> float | None:
+    """``"44384\\n"`` -> ``44.384``; None for absent, empty, malformed or offline (<= -256000)."""
+    if text is None:
+        return None
+    try:
+        milli = int(text.strip())
+    except ValueError:
+        return None
+    if milli <= OFFLINE_MILLIDEG:
+        return None
+    return milli / 1000.0
+
+
+def zone_short_name(zone_type: str) -> str:
+    """jtop's short name: the type cut at the first ``-`` (``cpu-thermal`` -> ``cpu``, ``CPU-therm`` -> ``CPU``)."""
+    return zone_type.split("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class TripPoint:
+    index: int
+    temp_c: float
+    type: str
+    """``passive``, ``active``, ``hot`` or ``critical``."""
+    hyst_c: float | None = None
+
+
+@dataclass(frozen=True)
+class ThermalZone:
+    index: int
+    type: str
+    path: str
+    """Root-relative resolved zone directory."""
+    policy: str | None
+    mode: str | None
+    trips: tuple[TripPoint, ...]
+
+    @property
+    def name(self) -> str:
+        return f"thermal_zone{self.index}"
+
+    @property
+    def passive_trip_c(self) -> float | None:
+        """Lowest passive trip (where the kernel starts throttling), or None."""
+        temps = [t.temp_c for t in self.trips if t.type == "passive"]
+        return min(temps) if temps else None
+
+    @property
+    def critical_trip_c(self) -> float | None:
+        temps = [t.temp_c for t in self.trips if t.type == "critical"]
+        return min(temps) if temps else None
+
+
+@dataclass(frozen=True)
+class CoolingDevice:
+    index: int
+    type: str
+    cur_state: int | None
+    max_state: int | None
+
+
+def _zone_dirs(fs: SysfsRoot) -> list[tuple[int, str]]:
+    for base in (THERMAL_CLASS, THERMAL_VIRTUAL):
+        found = [
+            (int(e[12:]), f"{base}/{e}")
+            for e in fs.listdir(base)
+            if e.startswith("thermal_zone") and e[12:].isdigit()
+        ]
+        if found:
+            return sorted(found)
+    return []
+
+
+def read_trips(fs: SysfsRoot, path: str) -> tuple[TripPoint, ...]:
+    trips = []
+    for entry in fs.listdir(path):
+        m = _TRIP_RE.match(entry)
+        if not m:
+            continue
+        k = int(m.group(1))
+        temp = parse_temp_c(fs.read_text(f"{path}/{entry}"))
+        if temp is None:
+            continue
+        hyst = fs.read_int(f"{path}/trip_point_{k}_hyst")
+        trips.append(
+            TripPoint(
+                index=k,
+                temp_c=temp,
+                type=fs.read_str(f"{path}/trip_point_{k}_type") or "unknown",
+                hyst_c=hyst / 1000.0 if hyst is not None else None,
+            )
+        )
+    return tuple(sorted(trips, key=lambda t: t.index))
+
+
+def read_zones(fs: SysfsRoot) -> list[ThermalZone]:
+    """Every thermal zone, by index; ``[]`` when the root has none.
+
+    :raises SysfsPermissionError: a zone file may not be read.
+    """
+    zones = []
+    for index, rel in _zone_dirs(fs):
+        path = fs.realpath(rel)
+        zones.append(
+            ThermalZone(
+                index=index,
+                type=fs.read_str(f"{path}/type") or f"thermal_zone{index}",
+                path=path,
+                policy=fs.read_str(f"{path}/policy"),
+                mode=fs.read_str(f"{path}/mode"),
+                trips=read_trips(fs, path),
+            )
+        )
+    return zones
+
+
+def read_temp_c(fs: SysfsRoot, zone: ThermalZone) -> float | None:
+    """Current temperature in °C, or None (absent, ``EAGAIN``, ``-256000``)."""
+    return parse_temp_c(fs.read_text(f"{zone.path}/temp"))
+
+
+def read_cooling_devices(fs: SysfsRoot) -> list[CoolingDevice]:
+    """Cooling devices (``cpufreq-cpu0``, ``devfreq-fb000000.gpu``...) with their states."""
+    out = []
+    for entry in fs.listdir(THERMAL_CLASS):
+        if entry.startswith("cooling_device") and entry[14:].isdigit():
+            path = f"{THERMAL_CLASS}/{entry}"
+            out.append(
+                CoolingDevice(
+                    index=int(entry[14:]),
+                    type=fs.read_str(f"{path}/type") or entry,
+                    cur_state=fs.read_int(f"{path}/cur_state"),
+                    max_state=fs.read_int(f"{path}/max_state"),
+                )
+            )
+    return sorted(out, key=lambda c: c.index)

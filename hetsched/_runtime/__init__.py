@@ -1,0 +1,50 @@
+"""Runtime internals: memory domains, zero-copy buffer pools and the transfer engine.
+
+Internal package: the public names are re-exported by :mod:`hetsched`.
+"""
+
+from ._buffers import (
+    ALIGNMENT,
+    SLAB_BYTES,
+    BufferPool,
+    BufferState,
+    LeakedBuffer,
+    PoolStatistics,
+    SharedHandle,
+    TensorBuffer,
+    pools_for,
+    size_class,
+)
+from ._domains import MemoryDomain, MemoryKind, Topology
+from ._transfer import (
+    ChannelStatistics,
+    CopyFn,
+    TransferEngine,
+    TransferHooks,
+    TransferInfo,
+    TransferStatistics,
+    rate_limited_copy,
+)
+
+__all__ = [
+    "ALIGNMENT",
+    "SLAB_BYTES",
+    "BufferPool",
+    "BufferState",
+    "ChannelStatistics",
+    "CopyFn",
+    "LeakedBuffer",
+    "MemoryDomain",
+    "MemoryKind",
+    "PoolStatistics",
+    "SharedHandle",
+    "TensorBuffer",
+    "Topology",
+    "TransferEngine",
+    "TransferHooks",
+    "TransferInfo",
+    "TransferStatistics",
+    "pools_for",
+    "rate_limited_copy",
+    "size_class",
+]
