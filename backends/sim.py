@@ -210,3 +210,35 @@ def _op_set_for(profile: Any, domain: Any) -> str:
 
 
 backend_class = SimBackend
+
+
+def clock_from_root(root: str) -> Callable[[str], int | None]:
+    """``domain name -> current Hz`` read live from a (twin's or real) sysfs tree under ``root``.
+
+    CPU clusters ``cluster<N>`` read ``cpufreq/policyN/scaling_cur_freq`` (kHz); ``gpu``,
+    ``npu`` and ``memory`` read their devfreq ``cur_freq`` (Hz), Jetson EMC its bpmp
+    ``rate``. Paths are discovered once; an unreadable file gives None (the caller then
+    assumes the top OPP).
+    """
+    from hetsched._platform import SysfsRoot, discover
+    from hetsched._platform.jetson import EMC_DIR
+
+    fs = SysfsRoot(root)
+    plat = discover(root)
+    paths: dict[str, tuple[str, int]] = {}
+    for c in plat.cpu_clusters:
+        paths[f"cluster{c.policy}"] = (f"{c.path}/scaling_cur_freq", 1000)
+    for d in plat.devices:
+        if d.source == "devfreq":
+            paths.setdefault(d.kind, (f"{d.path}/cur_freq", 1))
+        elif d.source == "bpmp":
+            paths.setdefault(d.kind, (f"{EMC_DIR}/rate", 1))
+
+    def clock(domain: str) -> int | None:
+        entry = paths.get(domain)
+        if entry is None:
+            return None
+        value = fs.read_int(entry[0])
+        return None if value is None else value * entry[1]
+
+    return clock

@@ -75,15 +75,12 @@ def main(args: argparse.Namespace) -> int:
                 "latency_ms_median": statistics.median(lat) * 1e3,
                 "pipelined_throughput_rps": n_conc / wall,
             }
-            sim = [(st.spec.name, st.spec.device, st.compiled.statistics()) for st in s._stages
-                   if hasattr(st.compiled, "statistics")]
+            from ._run import modelled_rows, print_modelled
+
+            sim = modelled_rows(s)
             if sim:
                 summary["soc"] = args.soc
-                summary["modelled"] = [
-                    {"stage": n, "device": d, "runs": x.runs, "time_ms_per_run": x.modelled_time_s / x.runs * 1e3,
-                     "energy_mj_per_run": x.modelled_energy_j / x.runs * 1e3}
-                    for n, d, x in sim if x.runs
-                ]
+                summary["modelled"] = sim
             if args.json:
                 print(json.dumps(summary))
                 return 0
@@ -96,15 +93,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"single request latency: median {summary['latency_ms_median']:.2f} ms over {args.requests}")
             print(f"{n_conc} concurrent requests, pipelined: {summary['pipelined_throughput_rps']:.1f} req/s")
             if sim:
-                print(f"\nSIMULATED {args.soc} (SoC twin; tensors computed for real by onnxruntime on this host):")
-                print(f"{'stage':8} {'device':10} {'modelled ms/run':>16} {'modelled mJ/run':>16}")
-                tot_t = tot_e = 0.0
-                for row in summary["modelled"]:
-                    tot_t += row["time_ms_per_run"]
-                    tot_e += row["energy_mj_per_run"]
-                    print(f"{row['stage']:8} {row['device']:10} {row['time_ms_per_run']:16.3f} "
-                          f"{row['energy_mj_per_run']:16.3f}")
-                print(f"{'total':8} {'':10} {tot_t:16.3f} {tot_e:16.3f}  (serial sum per request)")
+                print_modelled(sim, str(args.soc))
         return 0
 
     return anyio.run(go)

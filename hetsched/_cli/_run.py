@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--concurrency", type=int, default=1, metavar="K", help="requests in flight at once")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--progress", action="store_true", help="force the progress bar")
+    p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
+                   "its devices are simulated, stages report modelled time and energy at the tree's clocks")
     p.set_defaults(func=main)
 
 
@@ -40,15 +42,57 @@ async def run_requests(session: object, feeds: dict, n: int, concurrency: int, p
     return latencies
 
 
+def board_devices(root: str) -> list:
+    """Simulated devices of the board whose tree is under ``root`` (SoC from the tree itself)."""
+    from hetsched._errors import UnknownSocError
+    from hetsched._platform import discover
+    from hetsched.backends.sim import clock_from_root, twin_devices
+
+    soc = discover(root).soc
+    if soc is None:
+        raise UnknownSocError(f"no known SoC in the tree under {root!r} (device-tree compatible / "
+                              "nv_tegra_release); write one with 'hetsched twin SOC --root DIR --once'")
+    return twin_devices(soc, clock=clock_from_root(root))
+
+
+def modelled_rows(session: object) -> list[dict]:
+    rows = []
+    for st in session._stages:  # type: ignore[attr-defined]
+        stats = getattr(st.compiled, "statistics", None)
+        if stats is None:
+            continue
+        x = stats()
+        if x.runs:
+            rows.append({"stage": st.spec.name, "device": st.spec.device, "runs": x.runs,
+                         "time_ms_per_run": x.modelled_time_s / x.runs * 1e3,
+                         "energy_mj_per_run": x.modelled_energy_j / x.runs * 1e3})
+    return rows
+
+
+def print_modelled(rows: list[dict], what: str) -> None:
+    print(f"\nSIMULATED {what} (SoC twin; tensors computed for real by onnxruntime on this host):")
+    print(f"{'stage':8} {'device':10} {'modelled ms/run':>16} {'modelled mJ/run':>16}")
+    tot_t = tot_e = 0.0
+    for row in rows:
+        tot_t += row["time_ms_per_run"]
+        tot_e += row["energy_mj_per_run"]
+        print(f"{row['stage']:8} {row['device']:10} {row['time_ms_per_run']:16.3f} {row['energy_mj_per_run']:16.3f}")
+    print(f"{'total':8} {'':10} {tot_t:16.3f} {tot_e:16.3f}  (serial sum per request)")
+
+
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
     if args.requests < 1:
         raise SystemExit("hetsched run: --requests must be >= 1")
 
+    devices: list = args.devices or default_host_devices()
+    if args.root:
+        devices = board_devices(args.root)
+
     async def go() -> int:
-        async with Session(resolve_model_arg(args.model), devices=args.devices or default_host_devices(),
-                           policy=args.policy, max_unit_nodes=args.max_unit_nodes) as s:
+        async with Session(resolve_model_arg(args.model), devices=devices,
+                           policy=args.policy, max_unit_nodes=args.max_unit_nodes, root=args.root or "/") as s:
             feeds = random_feeds(s.get_inputs())
             progress = Progress(args.requests, enabled=True if args.progress else None)
             t0 = time.perf_counter()
@@ -60,12 +104,17 @@ def main(args: argparse.Namespace) -> int:
                 "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
                 "throughput_rps": len(lat) / wall,
             }
+            modelled = modelled_rows(s)
+            if modelled:
+                summary["modelled"] = modelled
             if args.json:
                 print(json.dumps(summary))
             else:
                 print(s.plan.table())
                 print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
                       f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s")
+                if modelled:
+                    print_modelled(modelled, f"board under {args.root}")
         return 0
 
     return anyio.run(go)

@@ -1,0 +1,330 @@
+"""LiveTwin: a simulated board's sysfs tree, kept live under a root.
+
+``async with LiveTwin("rk3588", root) as twin:`` materialises the tree and owns one task
+that, every ``period_s`` of the injected clock, advances the physics by
+``elapsed * speed`` board seconds, applies the writes the runtime made to the writable
+knobs (kernel semantics: :mod:`hetsched._twin.kernel`), and rewrites the dynamic files
+(frequencies, loads, temperatures, rail readings, ``/proc/stat``).
+
+Rejected writes (``EINVAL`` on a board: unknown governor, non-numeric value, setspeed
+without the userspace governor, ...) cannot fail a regular file's ``write()``; the twin
+instead restores the file's previous content on its next poll and counts the rejection
+(:class:`LiveTwinStatistics`). A knob found empty is assumed to be mid-write and is
+re-read on the next poll before being treated as invalid.
+
+Flaky sensors (``flaky=p``): on each update every online thermal zone's ``temp`` is,
+with probability ``p``, left empty for that period (a board's read fails with EAGAIN and
+yields no data).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from .._errors import RuntimeStateError, TwinError
+from .kernel import WriteRejected, parse_uint, resolve_ceil, resolve_floor
+from .profiles import SocProfile, get_profile
+from .sim import SimBoard
+from .state import BoardState, boot_state
+from .tree import BoardTree, OfflineStyle
+
+__all__ = ["LiveTwin", "LiveTwinStatistics"]
+
+
+@dataclass(frozen=True)
+class LiveTwinStatistics:
+    time_s: float
+    """Board (virtual) seconds simulated."""
+    updates: int
+    """Tree refreshes written."""
+    writes_applied: int
+    writes_rejected: int
+    last_rejection: str | None
+    """``path: reason`` of the latest rejected write."""
+    energy_j: float
+    peak_temp_c: float
+    throttle_events: int
+
+
+class LiveTwin:
+    """A live, simulated board tree under ``root``. See the module docstring.
+
+    Args:
+        soc: profile name or :class:`SocProfile`.
+        root: directory to materialise into (created if missing).
+        speed: board seconds per clock second (1 = real time).
+        seed: noise seed.
+        clock: seconds source; default ``anyio.current_time`` inside the task (honours a mock
+            clock), ``time.monotonic`` outside.
+        period_s: clock seconds between updates.
+        flaky: probability that an online zone's temp is unreadable for one period.
+
+    Raises:
+        TwinError: bad ``speed``/``period_s``/``flaky`` or ``root`` not a directory.
+        UnknownSocError: unknown ``soc`` or ``variant``.
+    """
+
+    def __init__(
+        self,
+        soc: str | SocProfile,
+        root: str | os.PathLike[str],
+        *,
+        variant: str | None = None,
+        speed: float = 1.0,
+        seed: int = 0,
+        clock: Callable[[], float] | None = None,
+        period_s: float = 0.1,
+        ambient_c: float = 25.0,
+        noise: bool = True,
+        flaky: float = 0.0,
+        offline_style: OfflineStyle = "-256000",
+    ) -> None:
+        if not (isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0):
+            raise TwinError(f"speed = {speed!r}: must be a finite number > 0")
+        if not (isinstance(period_s, (int, float)) and period_s > 0):
+            raise TwinError(f"period_s = {period_s!r}: must be > 0")
+        if not 0.0 <= flaky <= 1.0:
+            raise TwinError(f"flaky = {flaky!r}: must be a probability in [0, 1]")
+        self.profile = get_profile(soc) if isinstance(soc, str) else soc
+        self.tree = BoardTree(root, self.profile, variant, offline_style=offline_style)
+        self.variant = self.tree.variant
+        self.root = self.tree.root
+        self.speed = float(speed)
+        self.period_s = float(period_s)
+        self.flaky = float(flaky)
+        self._clock = clock
+        self.sim = SimBoard(self.profile, ambient_c=ambient_c, seed=seed, noise=noise, variant=self.variant)
+        self._state: BoardState = boot_state(self.profile, self.variant)
+        self._jiffies = [[float(v) for v in row] for row in self._state.cpu_jiffies]
+        self._materialised = False
+        self._updates = 0
+        self._applied = 0
+        self._rejected = 0
+        self._last_rejection: str | None = None
+        self._maybe_partial: set[Path] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._running = False
+        self._last_clock: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> LiveTwin:
+        if self._running:
+            raise RuntimeStateError("LiveTwin is already running")
+        self.write_once()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._running = True
+        self._tg.start_soon(self._run, name=f"LiveTwin({self.profile.name})")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        tg = self._tg
+        self._tg = None
+        self._running = False
+        if tg is None:
+            return None
+        tg.cancel_scope.cancel()
+        return await tg.__aexit__(exc_type, exc, tb)
+
+    def _now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        try:
+            return anyio.current_time()
+        except Exception:  # no event loop: plain monotonic time
+            return time.monotonic()
+
+    async def _run(self) -> None:
+        self._last_clock = self._now()
+        while True:
+            await anyio.sleep(self.period_s)
+            now = self._now()
+            dt = max(0.0, now - (self._last_clock if self._last_clock is not None else now))
+            self._last_clock = now
+            self.advance(dt * self.speed)
+
+    # ------------------------------------------------------------------ synchronous API
+
+    def write_once(self) -> Path:
+        """Write a consistent snapshot of the board now (creating the tree if needed); returns the root."""
+        if not self._materialised:
+            self.sim.board_state(self._state)
+            self._fill_jiffies()
+            self.tree.materialise(self._state)
+            self._materialised = True
+        else:
+            self._render()
+        return self.root
+
+    def advance(self, board_seconds: float) -> None:
+        """Apply pending writes, advance the physics by ``board_seconds``, rewrite the tree.
+
+        Raises:
+            TwinError: negative ``board_seconds``.
+        """
+        if not board_seconds >= 0:
+            raise TwinError(f"advance({board_seconds!r}): must be >= 0")
+        if not self._materialised:
+            self.write_once()
+        self.poll_writes()
+        if board_seconds > 0:
+            self.sim.step(board_seconds)
+            self._account_jiffies(board_seconds)
+        self._render()
+
+    def report_utilisation(self, domain: str, util: float) -> None:
+        """A workload reports ``domain``'s busy fraction (0..1) until changed.
+
+        Raises:
+            TwinError: unknown domain or util outside [0, 1].
+        """
+        self.sim.set_utilisation(domain, util)
+
+    def statistics(self) -> LiveTwinStatistics:
+        s = self.sim.statistics()
+        return LiveTwinStatistics(
+            time_s=s.time_s,
+            updates=self._updates,
+            writes_applied=self._applied,
+            writes_rejected=self._rejected,
+            last_rejection=self._last_rejection,
+            energy_j=s.energy_j,
+            peak_temp_c=s.peak_temp_c,
+            throttle_events=s.throttle_events,
+        )
+
+    # ------------------------------------------------------------------ rendering
+
+    def _account_jiffies(self, dt: float) -> None:
+        for d in self.profile.domains:
+            u = self.sim.utilisation(d.name)
+            for c in d.cpus:
+                row = self._jiffies[c]
+                row[0] += u * dt * 100.0
+                row[3] += (1.0 - u) * dt * 100.0
+
+    def _fill_jiffies(self) -> None:
+        self._state.cpu_jiffies = [[int(v) for v in row] for row in self._jiffies]
+
+    def _render(self) -> None:
+        st = self.sim.board_state(self._state)
+        if self.flaky > 0.0:
+            for k, t in enumerate(st.zone_temps_c):
+                if t is not None and self.sim.noise.chance(self.flaky):
+                    st.zone_temps_c[k] = math.nan
+        self._fill_jiffies()
+        self._render_state(st)
+        self._updates += 1
+
+    def _render_state(self, st: BoardState) -> None:
+        self.tree.render(st)
+
+    # ------------------------------------------------------------------ kernel write handling
+
+    def poll_writes(self) -> int:
+        """Apply (or reject and revert) every knob the runtime changed since the last update.
+
+        Returns the number of writes seen.
+        """
+        seen = 0
+        for path, (domain, knob) in self.tree.knobs.items():
+            mine = self.tree.written(path)
+            try:
+                now = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                continue
+            if mine is not None and now == mine:
+                self._maybe_partial.discard(path)
+                continue
+            if not now.strip() and path not in self._maybe_partial:
+                self._maybe_partial.add(path)
+                continue
+            self._maybe_partial.discard(path)
+            seen += 1
+            try:
+                self._apply(domain, knob, now.decode("ascii", "replace"))
+            except WriteRejected as exc:
+                self._rejected += 1
+                self._last_rejection = f"{path.relative_to(self.root)}: {exc}"
+            else:
+                self._applied += 1
+            # Show what the kernel shows now (the new value, or the old one restored).
+            self.tree.forget(path)
+        if seen:
+            self.sim.board_state(self._state)
+            self._fill_jiffies()
+            self._render_state(self._state)
+        return seen
+
+    def _apply(self, domain: str, knob: str, text: str) -> None:
+        sim = self.sim
+        d = self.profile.domain(domain)
+        avail = list(d.available_hz)
+        if knob in ("scaling_governor", "governor"):
+            gov = text.strip()
+            try:
+                sim.set_governor(domain, gov)
+            except TwinError:
+                raise WriteRejected(f"governor {gov!r} is not available") from None
+            return
+        if knob in ("mrq_rate_locked",):
+            v = parse_uint(text)
+            if v not in (0, 1):
+                raise WriteRejected(f"mrq_rate_locked accepts 0 or 1, not {v}")
+            self._state.emc_locked = bool(v)
+            if v:
+                cur = sim.frequency(domain)
+                sim.set_governor(domain, "userspace")
+                sim.kernel_limits(domain, setspeed_hz=cur)
+            else:
+                sim.set_governor(domain, "bpmp")
+            return
+        value = parse_uint(text)
+        if knob == "emc_iso_cap":
+            self._state.emc_iso_cap_hz = value
+            sim.kernel_limits(domain, max_hz=avail[-1] if value == 0 else resolve_floor(avail, value))
+            return
+        if knob == "rate":
+            # Accepted by debugfs either way; BPMP only honours it while the rate is locked.
+            if self._state.emc_locked:
+                lo, hi, _ = sim.user_limits(domain)
+                sim.kernel_limits(domain, setspeed_hz=resolve_ceil(avail, min(max(value, avail[0]), hi)))
+            return
+        if d.kind == "cpu":
+            hz = value * 1000
+            lo_c, hi_c = avail[0], avail[-1]
+            clamped = min(max(hz, lo_c), hi_c)
+            if knob == "scaling_min_freq":
+                sim.kernel_limits(domain, min_hz=resolve_ceil(avail, clamped))
+            elif knob == "scaling_max_freq":
+                sim.kernel_limits(domain, max_hz=resolve_floor(avail, clamped))
+            elif knob == "scaling_setspeed":
+                if sim.governor(domain) != "userspace":
+                    raise WriteRejected("scaling_setspeed needs the userspace governor")
+                sim.kernel_limits(domain, setspeed_hz=hz)
+            return
+        # devfreq: PM-QoS requests in kHz precision, not rounded to OPPs.
+        if knob == "min_freq":
+            hz = avail[0] if value == 0 else -(-value // 1000) * 1000
+            sim.kernel_limits(domain, min_hz=min(max(hz, avail[0]), avail[-1]))
+        elif knob == "max_freq":
+            hz = avail[-1] if value == 0 else (value // 1000) * 1000
+            sim.kernel_limits(domain, max_hz=min(max(hz, avail[0]), avail[-1]))
+        elif knob == "set_freq":
+            if sim.governor(domain) != "userspace":
+                raise WriteRejected("set_freq needs the userspace governor")
+            sim.kernel_limits(domain, setspeed_hz=value)

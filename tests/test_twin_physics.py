@@ -1,0 +1,197 @@
+"""SoC twin physics: power, heat, throttling with hysteresis, energy conservation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hetsched import UnknownSocError
+from hetsched._twin.physics import (
+    EnergyIntegrator,
+    PowerAllocator,
+    StepWise,
+    ThermalNetwork,
+    dynamic_power_w,
+    leakage_w,
+)
+from hetsched._twin.profiles import ThermalNode, get_profile, known_socs, rk3588_profile
+from hetsched._twin.sim import SimBoard
+
+
+def test_energy_model_matches_device_tree_formula() -> None:
+    # P[uW] = C * mV^2 * MHz / 1e6 (drivers/opp/of.c); A76 C=416 at 2.4 GHz / 1000 mV -> 998.4 mW.
+    assert dynamic_power_w(416, 1000, 2.4e9, 1, 1.0) == pytest.approx(0.9984)
+    assert dynamic_power_w(416, 1000, 2.4e9, 2, 0.5) == pytest.approx(0.9984)
+    assert dynamic_power_w(416, 1000, 2.4e9, 1, 0.0) == 0.0
+
+
+def test_leakage_rises_with_temperature_and_voltage() -> None:
+    cold = leakage_w(0.1, 900, 1000, 30.0, 0.02)
+    hot = leakage_w(0.1, 900, 1000, 80.0, 0.02)
+    assert hot > cold * 2.5
+    assert leakage_w(0.1, 1000, 1000, 30.0, 0.02) > cold
+
+
+@pytest.mark.parametrize("soc", known_socs())
+def test_more_frequency_means_more_power_and_heat(soc: str) -> None:
+    results = []
+    for pick in (0, -1):
+        b = SimBoard(soc, noise=False)
+        for name, info in b.domains().items():
+            if info.kind == "cpu":
+                b.set_frequency(name, info.available_hz[pick])
+                b.set_utilisation(name, 1.0)
+        b.step(120.0)
+        cpu_zone = b.profile.layout().zones[0].type
+        results.append((b.total_power_w(), b.temperature(cpu_zone), b.statistics().energy_j))
+    (p_lo, t_lo, e_lo), (p_hi, t_hi, e_hi) = results
+    assert p_hi > p_lo * 1.5
+    assert t_hi > t_lo + 3.0
+    assert e_hi > e_lo
+
+
+def test_thermal_network_conserves_energy() -> None:
+    nodes = [ThermalNode("pkg", 10.0, 4.0), ThermalNode("core", 0.5, 1.5, parent="pkg")]
+    net = ThermalNetwork(nodes, ambient_c=25.0)
+    dt, seconds, power = 0.001, 30.0, [1.0, 3.0]
+    out = 0.0
+    for _ in range(int(seconds / dt)):
+        net.step(power, dt)
+        out += net.heat_to_ambient_w() * dt
+    energy_in = sum(power) * seconds
+    assert out + net.stored_heat_j() == pytest.approx(energy_in, rel=0.01)
+    # Steady state: all of the power leaves into ambient; the package is P_total * R above ambient.
+    net.settle(power, seconds=2000.0, dt=0.5)
+    assert net.heat_to_ambient_w() == pytest.approx(4.0, rel=1e-3)
+    assert net.temps[0] == pytest.approx(25.0 + 4.0 * 4.0, rel=1e-3)
+    assert net.temps[1] == pytest.approx(net.temps[0] + 3.0 * 1.5, rel=1e-3)
+
+
+def test_energy_integrator_exact_for_piecewise_constant_and_trapezoid() -> None:
+    e = EnergyIntegrator()
+    e.add(2.0, 1.5)
+    e.add(4.0, 0.5)
+    assert e.energy_j == pytest.approx(5.0) and e.mean_power_w == pytest.approx(2.5)
+    s = EnergyIntegrator()
+    for k in range(11):
+        s.add_sample(k * 0.1, 10.0 * k * 0.1)  # P = 10 t over 1 s -> 5 J
+    assert s.energy_j == pytest.approx(5.0)
+
+
+def test_sim_energy_equals_integral_of_power() -> None:
+    b = SimBoard("orin-nx", noise=False)
+    b.set_frequency("gpu", 918_000_000)
+    b.set_utilisation("gpu", 0.7)
+    b.set_utilisation("cluster0", 0.4)
+    b.step(0.5)  # let the switch latencies pass
+    s0 = b.statistics()
+    riemann = 0.0
+    dt = 0.001
+    for _ in range(5000):
+        riemann += b.total_power_w() * dt
+        b.step(dt)
+    s1 = b.statistics()
+    assert s1.energy_j - s0.energy_j == pytest.approx(riemann, rel=2e-3)
+    # The input rail is the total; domains + static / efficiency reproduce it.
+    assert s1.energy_by_rail_j["VDD_IN"] == pytest.approx(s1.energy_j)
+    prof = b.profile
+    total = (sum(s1.energy_by_domain_j.values()) + prof.board_static_w * s1.time_s) / prof.converter_efficiency
+    assert total == pytest.approx(s1.energy_j)
+    assert all(s1.dynamic_energy_by_domain_j[d] <= s1.energy_by_domain_j[d] + 1e-12 for d in b.domains())
+
+
+def test_step_wise_engages_at_trip_and_releases_with_hysteresis() -> None:
+    sw = StepWise(85.0, 2.0, [3, 3])
+    assert not sw.update(80.0) and sw.states == [0, 0]
+    assert sw.update(85.5) and sw.states == [1, 1]
+    assert sw.update(86.0) and sw.states == [2, 2]
+    assert sw.update(87.0) and sw.states == [3, 3]
+    assert not sw.update(88.0) and sw.states == [3, 3]  # at max
+    assert not sw.update(84.0) and sw.states == [3, 3]  # below trip but inside hysteresis: held
+    assert not sw.update(83.5)
+    assert sw.crossed
+    assert sw.update(82.9) and sw.states == [2, 2]  # below trip - hyst and falling: release
+    assert sw.update(82.0) and sw.update(81.0) and sw.states == [0, 0]
+
+
+def test_power_allocator_budget_follows_ipa_rules() -> None:
+    ipa = PowerAllocator(75.0, 85.0, 2.1)
+    assert ipa.budget_w(70.0, 20.0) is None
+    assert ipa.budget_w(75.0, 20.0) == pytest.approx(3 * 2.1)  # k_pu * (Tc - Ton) + SP
+    assert ipa.budget_w(85.0, 20.0) == pytest.approx(2.1)
+    hot = ipa.budget_w(90.0, 20.0)
+    assert hot is not None and hot < 2.1 - 5 * ipa.k_po + 1e-9  # k_po plus a negative integral
+    granted = PowerAllocator.divvy(3.0, [1.0, 2.0, 3.0], [10.0, 10.0, 0.5])
+    assert sum(granted) == pytest.approx(3.0) and granted[2] == pytest.approx(0.5)
+
+
+def _load_everything(b: SimBoard) -> None:
+    for name, info in b.domains().items():
+        b.set_frequency(name, info.available_hz[-1])
+        b.set_utilisation(name, 1.0)
+
+
+@pytest.mark.parametrize(("soc", "ambient"), [("rk3588", 35.0), ("orin-nx", 45.0)])
+def test_kernel_throttling_engages_and_releases(soc: str, ambient: float) -> None:
+    b = SimBoard(soc, ambient_c=ambient, noise=False)
+    _load_everything(b)
+    b.step(600.0)
+    st = b.statistics()
+    assert st.throttle_events > 0 and st.throttled_time_s > 0
+    capped = [d for d in b.domains() if b.thermal_cap(d) is not None]
+    assert capped
+    d = capped[0]
+    assert b.frequency(d) < b.domains()[d].available_hz[-1]  # the governor's request is overridden
+    layout = b.profile.layout()
+    passive = min(z.passive_trip_c for z in layout.zones if z.passive_trip_c is not None)
+    # The throttle holds the hottest zone near (not far above) the passive trips.
+    assert st.peak_temp_c < passive + 12.0
+    for name in b.domains():
+        b.set_utilisation(name, 0.0)
+    b.step(600.0)
+    assert all(b.thermal_cap(n) is None for n in b.domains())
+    assert b.statistics().throttled_time_s < b.time_s
+    assert b.frequency(d) == b.domains()[d].available_hz[-1]  # the userspace request is honoured again
+
+
+def test_rk3588_vendor_cap_above_85c() -> None:
+    # The NPU is not a power_allocator actor: only the OPP-table high-temp limit (soc > 85 C) caps it.
+    b = SimBoard("rk3588", ambient_c=75.0, noise=False)
+    for name in ("npu", "memory"):
+        b.set_frequency(name, b.domains()[name].available_hz[-1])
+        b.set_utilisation(name, 1.0)
+    b.step(300.0)
+    soc = b.temperature("soc-thermal")
+    assert soc is not None and soc > 85.0
+    assert b.thermal_cap("npu") == 800_000_000 and b.frequency("npu") == 800_000_000
+    assert b.thermal_cap("cluster4") is not None and b.thermal_cap("cluster4") <= 2_208_000_000
+    b.set_utilisation("npu", 0.0)
+    b.set_utilisation("memory", 0.0)
+    b.step(600.0)
+    soc = b.temperature("soc-thermal")
+    assert soc is not None and soc < 83.0 and b.thermal_cap("npu") is None
+    assert b.frequency("npu") == 1_000_000_000
+
+
+def test_profiles_cite_sources_and_mark_assumptions() -> None:
+    for name in known_socs():
+        p = get_profile(name)
+        assert p.sources and all("reference" in s for s in p.sources)
+        assert p.assumed  # every profile needs figures the references lack
+        for d in p.domains:
+            assert list(d.available_hz) == sorted(d.available_hz)
+    rk = get_profile("rk3588")
+    assert [d.name for d in rk.domains] == ["cluster0", "cluster4", "cluster6", "gpu", "npu", "memory"]
+    assert rk.domain("cluster4").max_hz == 2_256_000_000
+    assert rk3588_profile(a76_bin_khz=2400000).domain("cluster6").max_hz == 2_400_000_000
+    assert get_profile("orin-nx").domain("cluster0").max_hz == 1_984_000_000
+    assert [m.name for m in get_profile("orin-nx").nvpmodel] == ["MAXN", "10W", "15W", "25W"]
+
+
+def test_unknown_soc_lists_known_names() -> None:
+    with pytest.raises(UnknownSocError, match="rk3588.*orin-nx"):
+        get_profile("exynos")
+    with pytest.raises(UnknownSocError, match="vendor"):
+        get_profile("rk3588").layout("jp6")
+    assert not math.isnan(SimBoard("orin-agx").statistics().peak_temp_c)
