@@ -239,10 +239,12 @@ class LiveTwin:
         Returns the number of writes seen.
         """
         seen = 0
-        for path, (domain, knob) in self.tree.knobs.items():
+        changed: list[tuple[int, int, int, Path, str, str, bytes]] = []
+        for order, (path, (domain, knob)) in enumerate(self.tree.knobs.items()):
             mine = self.tree.written(path)
             try:
                 now = path.read_bytes()
+                mtime = path.stat().st_mtime_ns
             except FileNotFoundError:
                 continue
             except OSError:
@@ -254,6 +256,13 @@ class LiveTwin:
                 self._maybe_partial.add(path)
                 continue
             self._maybe_partial.discard(path)
+            # Mode switches (governor, EMC lock) sort before values written in the same tick.
+            rank = 0 if knob in ("scaling_governor", "governor", "mrq_rate_locked") else 1
+            changed.append((mtime, rank, order, path, domain, knob, now))
+        # A kernel applies each write when it happens: replay them in the order they were made
+        # (file modification time), not in the order the knobs are listed.
+        changed.sort(key=lambda c: (c[0], c[1], c[2]))
+        for _mtime, _rank, _order, path, domain, knob, now in changed:
             seen += 1
             try:
                 self._apply(domain, knob, now.decode("ascii", "replace"))

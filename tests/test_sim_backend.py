@@ -1,0 +1,135 @@
+"""Simulated twin devices: real outputs, accelerator op limits, modelled time and energy."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from hetsched import Session
+from hetsched.backends import get_backend
+from hetsched.backends.sim import OP_SETS, clock_from_root, twin_devices
+from hetsched.testing import build_board_tree
+
+pytestmark = pytest.mark.anyio
+
+
+def _conv_then_topk() -> onnx.ModelProto:
+    """Conv (an NPU op) followed by TopK (which RKNN cannot run) and a Relu."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3], np.random.default_rng(0).standard_normal(216).astype(np.float32))
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [5])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+        helper.make_node("TopK", ["f", "k"], ["vals", "idx"], name="topk"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("vals", TensorProto.FLOAT, [1, 5]),
+                           helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 5])], [w, k])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_op_limits() -> None:
+    assert OP_SETS["rknn"].supports("Conv", "", 17, [TensorProto.FLOAT])
+    assert not OP_SETS["rknn"].supports("TopK", "", 17, [TensorProto.FLOAT])
+    assert not OP_SETS["dla"].supports("MatMul", "", 17, [TensorProto.FLOAT])
+    # DLA runs FP16/INT8 engines: a double-precision conv is not its business.
+    assert not OP_SETS["dla"].supports("Conv", "", 17, [TensorProto.DOUBLE])
+    assert OP_SETS["cpu"].supports("TopK", "", 17, [TensorProto.FLOAT])
+
+
+def test_twin_devices_describe_the_board() -> None:
+    rk = {d.name: d for d in twin_devices("rk3588")}
+    assert set(rk) == {"cluster0", "cluster4", "cluster6", "gpu", "npu"}
+    assert rk["npu"].options["op_set"] == "rknn" and rk["gpu"].options["op_set"] == "mali"
+    assert rk["cluster4"].capacity > rk["cluster0"].capacity
+    orin = {d.name: d for d in twin_devices("orin-nx")}
+    assert orin["gpu"].options["op_set"] == "ampere"
+    import os
+
+    host = set(os.sched_getaffinity(0))
+    for d in [*rk.values(), *orin.values()]:
+        assert set(d.cpus) <= host, "twin devices must never pin to cores the host lacks"
+
+
+async def test_unsupported_op_falls_back_and_outputs_are_exact() -> None:
+    model = _conv_then_topk()
+    x = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    devices = [d for d in twin_devices("rk3588") if d.name in ("cluster0", "npu")]
+    # Pin everything possible to the NPU: TopK cannot go there and must land on the CPU.
+    policy = lambda problem: {u.id: ("npu" if "npu" in u.candidates else "cluster0") for u in problem.units}  # noqa: E731
+    async with Session(model, devices=devices, policy=policy) as s:
+        out = await s.run(None, {"x": x})
+        placed = {st.device for st in s.plan.stages}
+        topk_unit = next(u for u in s.plan.units if "TopK" in u.op_types)
+        assert topk_unit.candidates == ("cluster0",)
+        assert s.plan.placement.assignment[topk_unit.id] == "cluster0"
+        assert placed == {"npu", "cluster0"}
+    np.testing.assert_array_equal(out[1], ref[1])
+    np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
+
+
+def _sim_stage(clock: dict[str, int], flops_model: onnx.ModelProto, device: str = "gpu"):
+    dev = next(d for d in twin_devices("rk3588", clock=lambda n: clock.get(n)) if d.name == device)
+    return get_backend("sim").compile(flops_model, dev, name="s")
+
+
+def _matmul(n: int) -> onnx.ModelProto:
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
+                          [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _add(n: int) -> onnx.ModelProto:
+    g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"])], "add",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [n])],
+                          [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_modelled_time_follows_the_right_clock() -> None:
+    fast = {"gpu": 1_000_000_000, "memory": 2_112_000_000}
+    slow_core = {"gpu": 300_000_000, "memory": 2_112_000_000}
+    slow_mem = {"gpu": 1_000_000_000, "memory": 528_000_000}
+    compute = _matmul(1024)  # 2*1024^3 FLOPs over 12 MiB: compute-bound even at the lowest memory clock
+    memory = _add(1 << 20)  # 1 FLOP per 12 bytes: memory-bound
+    t_c_fast, e_c_fast = _sim_stage(fast, compute).modelled()
+    t_c_slow, e_c_slow = _sim_stage(slow_core, compute).modelled()
+    assert t_c_slow == pytest.approx(t_c_fast * 1e9 / 3e8, rel=1e-6)
+    assert _sim_stage(slow_mem, compute).modelled()[0] == pytest.approx(t_c_fast)
+    assert e_c_slow < e_c_fast  # lower V and f: less energy for the same work
+    t_m_fast, _ = _sim_stage(fast, memory).modelled()
+    t_m_slowmem, _ = _sim_stage(slow_mem, memory).modelled()
+    assert t_m_slowmem == pytest.approx(t_m_fast * 2112 / 528, rel=1e-6)
+    assert _sim_stage(slow_core, memory).modelled()[0] == pytest.approx(t_m_fast)
+
+
+def test_stage_statistics_accumulate() -> None:
+    st = _sim_stage({}, _add(1024))
+    a = np.ones(1024, np.float32)
+    out = st.run({"a": a, "b": a})
+    np.testing.assert_array_equal(out[0], a + a)
+    st.run({"a": a, "b": a})
+    stats = st.statistics()
+    assert stats.runs == 2 and stats.modelled_time_s > 0 and stats.modelled_energy_j > 0
+    assert stats.modelled_time_s == pytest.approx(2 * stats.last_modelled_s)
+    st.close()
+
+
+def test_clock_from_a_board_tree(tmp_path) -> None:
+    build_board_tree(tmp_path, "rk3588")
+    clock = clock_from_root(str(tmp_path))
+    assert clock("cluster0") == int((tmp_path / "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq").read_text()) * 1000
+    assert clock("gpu") == 300_000_000
+    assert clock("memory") == 528_000_000
+    assert clock("no-such-domain") is None
+    # The clock is read live: a write to the tree shows at the next call.
+    (tmp_path / "sys/class/devfreq/fb000000.gpu/cur_freq").write_text("800000000\n")
+    assert clock("gpu") == 800_000_000
