@@ -41,6 +41,7 @@ from ._errors import TransferError as TransferError
 from ._errors import TwinError as TwinError
 from ._errors import UnknownSocError as UnknownSocError
 from ._errors import UnsupportedFrequencyError as UnsupportedFrequencyError
+from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
 from ._events import Event as Event
 from ._events import EventInfo as EventInfo
 from ._events import Hooks as Hooks
@@ -55,6 +56,40 @@ from ._snapshot import DomainState as DomainState
 from ._snapshot import RailState as RailState
 from ._snapshot import Snapshot as Snapshot
 from ._snapshot import ZoneState as ZoneState
+from ._platform import ClusterInfo as ClusterInfo
+from ._platform import DeviceInfo as DeviceInfo
+from ._platform import Platform as Platform
+from ._platform import RailInfo as RailInfo
+from ._platform import SysfsRoot as SysfsRoot
+from ._platform import Telemetry as Telemetry
+from ._platform import TelemetryStatistics as TelemetryStatistics
+from ._platform import TripInfo as TripInfo
+from ._platform import UdevEvent as UdevEvent
+from ._platform import UdevMonitor as UdevMonitor
+from ._platform import ZoneInfo as ZoneInfo
+from ._platform import discover as discover
+from ._twin import DomainInfo as DomainInfo
+from ._twin import LiveTwin as LiveTwin
+from ._twin import LiveTwinStatistics as LiveTwinStatistics
+from ._twin import PhaseWork as PhaseWork
+from ._twin import SimBoard as SimBoard
+from ._twin import SimStatistics as SimStatistics
+from ._twin import SocProfile as SocProfile
+from ._twin import get_profile as get_profile
+from ._twin import known_socs as known_socs
+from ._runtime import BufferPool as BufferPool
+from ._runtime import BufferState as BufferState
+from ._runtime import LeakedBuffer as LeakedBuffer
+from ._runtime import MemoryDomain as MemoryDomain
+from ._runtime import MemoryKind as MemoryKind
+from ._runtime import PoolStatistics as PoolStatistics
+from ._runtime import SharedHandle as SharedHandle
+from ._runtime import TensorBuffer as TensorBuffer
+from ._runtime import Topology as Topology
+from ._runtime import TransferEngine as TransferEngine
+from ._runtime import TransferInfo as TransferInfo
+from ._runtime import TransferStatistics as TransferStatistics
+from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement
@@ -66,14 +101,19 @@ __all__ = (
     "BackendError",
     "BackendUnavailableError",
     "BufferLeakError",
+    "BufferPool",
+    "BufferState",
     "BufferStateError",
+    "ClusterInfo",
     "CompileError",
     "CostTable",
     "CostTableStatistics",
     "CpuCluster",
     "Device",
+    "DeviceInfo",
     "DeviceSpecError",
     "DeviceState",
+    "DomainInfo",
     "DomainState",
     "Event",
     "EventInfo",
@@ -83,35 +123,64 @@ __all__ = (
     "Hooks",
     "InputError",
     "InvalidModelError",
+    "LeakedBuffer",
+    "LiveTwin",
+    "LiveTwinStatistics",
+    "MemoryDomain",
+    "MemoryKind",
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
     "PartitionError",
     "PathOutsideRootError",
+    "PhaseWork",
     "Placement",
     "PlacementError",
     "PlacementProblem",
     "Plan",
+    "Platform",
     "PlatformError",
+    "PoolStatistics",
     "PowerBudgetError",
     "Priority",
     "ProfileError",
+    "RailInfo",
     "RailState",
     "RuntimeStateError",
     "Session",
     "SessionStatistics",
+    "SharedHandle",
+    "SimBoard",
+    "SimStatistics",
     "Snapshot",
+    "SocProfile",
     "StageExecutionError",
     "StageSpec",
     "SyncSession",
     "SysfsError",
     "SysfsPermissionError",
+    "SysfsRoot",
+    "Telemetry",
+    "TelemetryStatistics",
+    "TensorBuffer",
+    "Topology",
+    "TransferEngine",
     "TransferError",
+    "TransferInfo",
+    "TransferStatistics",
+    "TripInfo",
     "TwinError",
+    "UdevEvent",
+    "UdevMonitor",
     "UnknownSocError",
     "UnsupportedFrequencyError",
+    "UnsupportedGovernorError",
+    "ZoneInfo",
     "ZoneState",
+    "discover",
     "discover_cpu_clusters",
+    "get_profile",
+    "known_socs",
     "load_model",
     "resolve_devices",
 )
@@ -119,9 +188,11 @@ __all__ = (
 # Show public objects as hetsched.X in reprs and docs (anyio 4.x does the same).
 for _name in __all__:
     _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("hetsched._"):
+    _mod = getattr(_obj, "__module__", None) or ""
+    # Private modules of the core and of the subpackages (hetsched.backends._base, ...).
+    if _mod.startswith("hetsched.") and "._" in f".{_mod.partition('.')[2]}":
         try:
             _obj.__module__ = __name__
         except (AttributeError, TypeError):
             pass
-del _name, _obj
+del _name, _obj, _mod

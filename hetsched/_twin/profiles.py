@@ -425,7 +425,7 @@ def rk3588_profile(*, a76_bin_khz: int = 2256000) -> SocProfile:
             ZoneProfile("package-thermal", ("soc",), (crit,)),
             ZoneProfile("bigcore0-thermal", ("bigcore0",), alert),
             ZoneProfile("bigcore2-thermal", ("bigcore1",), alert),
-            ZoneProfile("little-core-thermal", ("littlecore",), alert),
+            ZoneProfile("littlecore-thermal", ("littlecore",), alert),
             ZoneProfile("center-thermal", ("center",), (crit,)),
             ZoneProfile("gpu-thermal", ("gpu",), (Trip(85.0, "passive", 2.0), crit)),
             ZoneProfile("npu-thermal", ("npu",), (crit,)),
