@@ -89,7 +89,6 @@ from ._runtime import Topology as Topology
 from ._runtime import TransferEngine as TransferEngine
 from ._runtime import TransferInfo as TransferInfo
 from ._runtime import TransferStatistics as TransferStatistics
-from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement

@@ -225,7 +225,10 @@ def resolve_devices(
         if s == "cpu":
             cpus: tuple[int, ...] = usable
         elif s.startswith("cpu:"):
-            cpus = parse_cpulist(s[4:])
+            try:
+                cpus = parse_cpulist(s[4:])
+            except DeviceSpecError as exc:
+                raise DeviceSpecError(f"device spec {spec!r}: {exc}") from exc
             if not cpus:
                 raise DeviceSpecError(f"device spec {spec!r} names no CPUs")
         else:

@@ -68,6 +68,7 @@ class GraphIndex:
             n for n in self.graph_inputs if n not in self.initializers and n not in self.sparse_initializers
         ]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
+        self._init_types: dict[str, onnx.TypeProto] = {}
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
         for vi in graph.value_info:
             self.value_info[vi.name] = vi
@@ -165,7 +166,14 @@ class GraphIndex:
         vi = self.value_info.get(name)
         if vi is not None and vi.type.WhichOneof("value") is not None:
             return vi.type
+        cached = self._init_types.get(name)
+        if cached is not None:
+            return cached
         init = self.initializers.get(name)
         if init is not None:
-            return onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+            # Built once per initializer: shared weights are read by many nodes, and the
+            # cost model asks for every input of every node. Callers only read it.
+            t = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+            self._init_types[name] = t
+            return t
         return None

@@ -139,22 +139,33 @@ def build_plan(
     unit_preds: list[dict[int, None]] = [{} for _ in drafts]
     unit_succs: list[dict[int, None]] = [{} for _ in drafts]
     edges: dict[tuple[int, int], float] = {}
+    nbytes_of: dict[str, float] = {}  # value sizes, computed once per value (not per reader)
+    nodes_ref = index.nodes
+    producer = index.producer
     for u in drafts:
+        uid = u.id
+        preds_u = unit_preds[uid]
         for nid in u.nodes:
-            for v in index.nodes[nid].inputs:
-                p = index.producer.get(v)
+            for v in nodes_ref[nid].inputs:
+                p = producer.get(v)
                 if p is None:
                     continue
                 pu = node_unit[p]
-                if pu != u.id:
-                    unit_preds[u.id][pu] = None
-                    unit_succs[pu][u.id] = None
-                    edges[(pu, u.id)] = edges.get((pu, u.id), 0.0) + value_bytes(index, v)
+                if pu != uid:
+                    preds_u[pu] = None
+                    unit_succs[pu][uid] = None
+                    vb = nbytes_of.get(v)
+                    if vb is None:
+                        vb = nbytes_of[v] = value_bytes(index, v)
+                    edges[(pu, uid)] = edges.get((pu, uid), 0.0) + vb
 
     units: list[Unit] = []
     cost: dict[tuple[int, str], float] = {}
+    cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
     for u in drafts:
-        cands = tuple(names[b] for b in range(len(names)) if u.mask >> b & 1)
+        cands = cands_of.get(u.mask)
+        if cands is None:
+            cands = cands_of[u.mask] = tuple(names[b] for b in range(len(names)) if u.mask >> b & 1)
         flops = sum(node_costs[n].flops for n in u.nodes)
         nbytes = sum(node_costs[n].bytes for n in u.nodes)
         key = unit_key(index, u.nodes) if costs is not None else ""
@@ -169,8 +180,8 @@ def build_plan(
         units.append(
             Unit(
                 id=u.id,
-                nodes=tuple(index.nodes[n].name for n in u.nodes),
-                op_types=tuple(index.nodes[n].op_type for n in u.nodes),
+                nodes=tuple(nodes_ref[n].name for n in u.nodes),
+                op_types=tuple(nodes_ref[n].op_type for n in u.nodes),
                 candidates=cands,
                 preds=tuple(unit_preds[u.id]),
                 succs=tuple(unit_succs[u.id]),

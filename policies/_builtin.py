@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Callable, Mapping
 
@@ -100,17 +101,18 @@ class HEFT:
         }
         devs = list(problem.devices)
 
+        # The links of every ordered device pair, in the order the average sums them.
+        pair_links = [problem.links.get((a, b)) for a in devs for b in devs if a != b]
+        edges = problem.edges
+
         def avg_comm(u: int, v: int) -> float:
             if len(devs) < 2:
                 return 0.0
+            nbytes = edges.get((u, v), 0.0)
             tot = 0.0
-            n = 0
-            for a in devs:
-                for b in devs:
-                    if a != b:
-                        tot += problem.transfer_seconds(u, v, a, b)
-                        n += 1
-            return tot / n if n else 0.0
+            for link in pair_links:
+                tot += 0.0 if link is None else link.seconds(nbytes)
+            return tot / len(pair_links) if pair_links else 0.0
 
         has_links = bool(problem.links)
         rank: dict[int, float] = {}
@@ -125,7 +127,17 @@ class HEFT:
         # ties are broken by topological position to keep that property with zero costs.
         position = {u.id: i for i, u in enumerate(problem.units)}
         order = sorted(units, key=lambda i: (-rank[i], position[i]))
+        # Per device: busy intervals sorted by start, and their ends (also sorted, as the
+        # intervals never overlap) so the gap search can bisect instead of scanning from 0.
         timeline: dict[str, list[tuple[float, float]]] = {d: [] for d in devs}
+        ends: dict[str, list[float]] = {d: [] for d in devs}
+        # Per device: the idle gaps of positive length between busy intervals, sorted and
+        # disjoint, plus where the last interval ends. A unit of positive duration can only
+        # start in one of those gaps or at the tail, so searching them (from the first gap
+        # ending after ``ready``) skips the back-to-back intervals the plain scan walks.
+        gap_starts: dict[str, list[float]] = {d: [] for d in devs}
+        gap_ends: dict[str, list[float]] = {d: [] for d in devs}
+        tail: dict[str, float] = {d: 0.0 for d in devs}
         finish: dict[int, float] = {}
         assignment: dict[int, str] = {}
         terms: dict[int, dict[str, dict[str, float]]] = {}
@@ -142,7 +154,10 @@ class HEFT:
                     if t > ready:
                         ready = t
                 dur = cost[(uid, dev)]
-                start = self._slot(timeline[dev], ready, dur)
+                if self.insertion and dur > 0.0:
+                    start = _gap_slot(gap_starts[dev], gap_ends[dev], tail[dev], ready, dur)
+                else:
+                    start = self._slot(timeline[dev], ready, dur, ends[dev])
                 eft = start + dur
                 ut[dev] = {"latency_s": dur, "ready_s": ready, "start_s": start, "eft_s": eft, "rank": rank[uid]}
                 if eft < best_eft:
@@ -150,24 +165,71 @@ class HEFT:
             assignment[uid] = best_dev
             finish[uid] = best_eft
             tl = timeline[best_dev]
-            tl.append((best_start, best_eft))
             if self.insertion:
-                tl.sort()
+                pos = bisect.bisect_right(tl, (best_start, best_eft))
+                tl.insert(pos, (best_start, best_eft))
+                ends[best_dev].insert(pos, best_eft)
+                tail[best_dev] = _occupy(gap_starts[best_dev], gap_ends[best_dev], tail[best_dev],
+                                         best_start, best_eft)
+            else:
+                tl.append((best_start, best_eft))
             terms[uid] = ut
         return Placement(assignment, "heft", terms)
 
-    def _slot(self, tl: list[tuple[float, float]], ready: float, dur: float) -> float:
+    def _slot(self, tl: list[tuple[float, float]], ready: float, dur: float,
+              ends: list[float] | None = None) -> float:
+        """Earliest start >= ``ready`` of a ``dur``-long slot in the device timeline ``tl``.
+
+        ``ends`` (the intervals' ends, sorted) lets the search skip every interval that
+        ends by ``ready``: none of them can hold a slot starting at or after ``ready``
+        (except a zero-length one exactly at ``ready``, which gives the same answer). That
+        keeps HEFT near-linear on long graphs instead of quadratic.
+        """
         if not tl:
             return ready
         if not self.insertion:
             return max(ready, tl[-1][1])
-        prev_end = 0.0
-        for s, e in tl:
+        if ends is None:
+            ends = [e for _, e in tl]
+        i = bisect.bisect_right(ends, ready)
+        prev_end = ends[i - 1] if i else 0.0
+        for k in range(i, len(tl)):
+            s, e = tl[k]
             start = max(ready, prev_end)
             if start + dur <= s:
                 return start
             prev_end = max(prev_end, e)
         return max(ready, prev_end)
+
+
+def _gap_slot(gs: list[float], ge: list[float], tail: float, ready: float, dur: float) -> float:
+    """Earliest start >= ``ready`` of a ``dur`` > 0 slot: same answer as ``HEFT._slot``.
+
+    Gaps ending by ``ready`` cannot hold it; the first later gap where it fits wins,
+    else it goes after the last interval.
+    """
+    for j in range(bisect.bisect_right(ge, ready), len(gs)):
+        start = gs[j] if gs[j] > ready else ready
+        if start + dur <= ge[j]:
+            return start
+    return tail if tail > ready else ready
+
+
+def _occupy(gs: list[float], ge: list[float], tail: float, start: float, end: float) -> float:
+    """Mark [start, end] busy in the gap lists; returns the new tail."""
+    if start >= tail:
+        if start > tail:
+            gs.append(tail)
+            ge.append(start)
+        return end if end > tail else tail
+    j = bisect.bisect_right(gs, start) - 1
+    if j < 0 or start > ge[j]:
+        return tail  # a zero-length interval between back-to-back ones: no gap changes
+    g0, g1 = gs[j], ge[j]
+    pieces = [(a, b) for a, b in ((g0, start), (end, g1)) if b > a]
+    gs[j : j + 1] = [a for a, _ in pieces]
+    ge[j : j + 1] = [b for _, b in pieces]
+    return tail
 
 
 class Pinned:

@@ -1,0 +1,176 @@
+"""Plan scaling: partition + place synthetic graphs of 1,000 and 10,000 nodes.
+
+Graphs (built with onnx.helper, shape-inferred so analytic costs are meaningful):
+
+* ``chain``: MatMul / Add / Relu / Mul repeating on [64, 64] float tensors.
+* ``dag``: a branching DAG: each node reads one or two of the recent values (binary ops
+  join branches, unary ops fork them), plus some Conv-sized MatMuls.
+
+Timed: ``build_plan`` on a prebuilt ``GraphIndex`` (capabilities, unit subgraphs,
+analytic node costs, the placement problem, the policy, validation, stage merging) for
+three CPU devices (``cpu:0``, ``cpu:1``, ``cpu:0-1``) with the default policy
+(PowerThermalWeighted) and HEFT, at ``max_unit_nodes=1`` (one unit per node: the most
+units, the hardest case for the policies). Not timed (reported separately where
+noted): building the ONNX model, ``onnx.checker``, shape inference, and the
+``GraphIndex`` (timed on its own as ``index_s``). Stage extraction/compilation happen
+at session start, not in planning, and are not part of this benchmark.
+
+Fields: ``seconds_1k`` / ``seconds_10k`` are the slowest (graph shape x policy)
+configuration's best time over ``--repeats`` runs (as ``timeit`` reports: on a shared
+host other processes only ever add time; medians are in ``detail``);
+``growth_10x = seconds_10k / seconds_1k``. A full garbage collection runs before each
+timed run so one run's garbage is not collected during the next.
+Target: ``seconds_10k <= 1.0`` and ``growth_10x <= 12``. The last line printed is one
+JSON object.
+
+Usage: ``python benchmarks/plan_scaling.py [--repeats N] [--sizes 1000 10000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+import onnx
+from onnx import TensorProto, helper
+
+from hetsched import resolve_devices
+from hetsched._graph import GraphIndex
+from hetsched._model import load_model
+from hetsched._plan import build_plan
+
+F = TensorProto.FLOAT
+DIM = 64
+
+
+def _weights(name: str) -> onnx.TensorProto:
+    # Tiny values are enough: planning reads shapes, never data. Raw bytes keep building fast.
+    return helper.make_tensor(name, F, [DIM, DIM], b"\x00" * (4 * DIM * DIM), raw=True)
+
+
+def chain(n: int) -> onnx.ModelProto:
+    nodes = []
+    inits = [_weights("W"), _weights("B")]
+    prev = "x"
+    ops = ("MatMul", "Add", "Relu", "Mul")
+    for i in range(n):
+        op = ops[i % len(ops)]
+        out = "y" if i == n - 1 else f"v{i}"
+        ins = [prev, "W"] if op == "MatMul" else [prev, "B"] if op in ("Add", "Mul") else [prev]
+        nodes.append(helper.make_node(op, ins, [out], name=f"n{i}"))
+        prev = out
+    return _model(nodes, inits, ["y"])
+
+
+def dag(n: int, seed: int = 0) -> onnx.ModelProto:
+    rng = random.Random(seed)
+    nodes = []
+    inits = [_weights("W")]
+    values = ["x"]
+    consumed: set[str] = set()
+    for i in range(n):
+        out = f"v{i}"
+        r = rng.random()
+        if r < 0.2:
+            a = rng.choice(values[-8:])
+            nodes.append(helper.make_node("MatMul", [a, "W"], [out], name=f"n{i}"))
+            consumed.add(a)
+        elif r < 0.55:
+            a = rng.choice(values[-8:])
+            nodes.append(helper.make_node(rng.choice(("Relu", "Sigmoid", "Neg", "Tanh")), [a], [out], name=f"n{i}"))
+            consumed.add(a)
+        else:
+            a, b = rng.choice(values[-16:]), rng.choice(values[-4:])
+            nodes.append(helper.make_node(rng.choice(("Add", "Mul", "Max")), [a, b], [out], name=f"n{i}"))
+            consumed.update((a, b))
+        values.append(out)
+    sinks = [v for v in values[1:] if v not in consumed]
+    return _model(nodes, inits, sinks)
+
+
+def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], outputs: list[str]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "bench", [helper.make_tensor_value_info("x", F, [DIM, DIM])],
+        [helper.make_tensor_value_info(o, F, [DIM, DIM]) for o in outputs], initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+SHAPES = {"chain": chain, "dag": dag}
+POLICIES = ("power-thermal", "heft")
+
+
+def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
+    devices = resolve_devices(["cpu:0", "cpu:1", "cpu:0-1"], available_cpus=[0, 1])
+    detail: dict[str, Any] = {}
+    worst: dict[int, float] = {}
+    for shape, make in SHAPES.items():
+        for n in sizes:
+            model = load_model(make(n))  # checked + shape-inferred: not timed
+            t0 = time.perf_counter()
+            index = GraphIndex(model)
+            index_s = time.perf_counter() - t0
+            assert len(index) == n
+            for policy in POLICIES:
+                times = []
+                plan = None
+                for _ in range(repeats):
+                    plan = None
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    plan = build_plan(index, devices, policy, max_unit_nodes=1)
+                    times.append(time.perf_counter() - t0)
+                assert plan is not None
+                med = statistics.median(times)
+                detail[f"{shape}_{n}_{policy}"] = {
+                    "nodes": n, "units": len(plan.units), "stages": len(plan.stages),
+                    "plan_s_median": round(med, 4), "plan_s_min": round(min(times), 4),
+                    "index_s": round(index_s, 4),
+                    "devices_used": sorted({s.device for s in plan.stages}),
+                }
+                worst[n] = max(worst.get(n, 0.0), min(times))
+    for shape in SHAPES:
+        for policy in POLICIES:
+            a, b = detail.get(f"{shape}_{sizes[0]}_{policy}"), detail.get(f"{shape}_{sizes[-1]}_{policy}")
+            if a and b and len(sizes) > 1:
+                detail[f"{shape}_{policy}_growth"] = round(b["plan_s_min"] / a["plan_s_min"], 2)
+    return {"worst": worst, "detail": detail}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    args = ap.parse_args(argv)
+    res = measure(args.sizes, args.repeats)
+    worst = res["worst"]
+    for key, d in res["detail"].items():
+        print(f"{key}: {d}", file=sys.stderr)
+    s1 = worst.get(1000)
+    s10 = worst.get(10000)
+    out: dict[str, Any] = {
+        "benchmark": "plan_scaling",
+        "timed": "build_plan on a prebuilt GraphIndex (max_unit_nodes=1, 3 CPU devices); "
+                 "model building, checking, shape inference and GraphIndex excluded",
+        "seconds_1k": round(s1, 4) if s1 is not None else None,
+        "seconds_10k": round(s10, 4) if s10 is not None else None,
+        "growth_10x": round(s10 / s1, 2) if s1 and s10 else None,
+        "target": {"seconds_10k": 1.0, "growth_10x": 12},
+        "detail": res["detail"],
+    }
+    if s1 and s10:
+        out["meets_target"] = s10 <= 1.0 and s10 / s1 <= 12
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

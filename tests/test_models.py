@@ -1,0 +1,98 @@
+"""The light models shipped in the onnx wheel, cut into stages across three CPU devices, match onnxruntime."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+
+import anyio
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from hetsched import Session
+from hetsched.policies import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+MODELS = ["squeezenet", "resnet50", "shufflenet", "inception_v1", "densenet121"]
+DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
+# Splitting a model changes which kernels onnxruntime fuses at stage boundaries, so
+# results may differ in the last bits; anything beyond float32 rounding is a bug.
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _path(name: str) -> Path:
+    return LIGHT / f"light_{name}.onnx"
+
+
+@cache
+def _reference(name: str) -> tuple[dict[str, np.ndarray], list[np.ndarray], int]:
+    """Random feeds, onnxruntime's outputs, and the node count."""
+    sess = ort.InferenceSession(str(_path(name)), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    n_nodes = len(onnx.load(str(_path(name)), load_external_data=False).graph.node)
+    return feeds, sess.run(None, feeds), n_nodes
+
+
+async def _run(name: str, policy: object, max_unit_nodes: int | None) -> tuple[list[np.ndarray], int, set[str]]:
+    feeds, _, _ = _reference(name)
+    async with Session(_path(name), devices=DEVICES, policy=policy, max_unit_nodes=max_unit_nodes) as s:
+        out = await s.run(None, feeds)
+        return out, len(s.plan.stages), {st.device for st in s.plan.stages}
+
+
+def _check(name: str, got: list[np.ndarray]) -> None:
+    _, expected, _ = _reference(name)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL)
+
+
+def _alternate(u) -> str:  # type: ignore[no-untyped-def]
+    return DEVICES[u.id % len(DEVICES)]
+
+
+# (label, policy factory, units wanted): the model is cut into that many unit subgraphs
+# through max_unit_nodes = ceil(nodes / units), then placed.
+CUTS = [
+    ("pinned-alternating-3", lambda: Pinned(_alternate), 3),
+    ("pinned-alternating-8", lambda: Pinned(_alternate), 8),
+    ("random-seed4-4", lambda: RandomPolicy(4), 4),
+    ("random-seed6-6", lambda: RandomPolicy(6), 6),
+]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("label", "make_policy", "units"), CUTS, ids=[c[0] for c in CUTS])
+def test_cut_into_2_to_8_stages_matches_onnxruntime(model: str, label: str, make_policy, units: int) -> None:
+    _, _, n_nodes = _reference(model)
+    got, n_stages, used = anyio.run(_run, model, make_policy(), math.ceil(n_nodes / units))
+    assert 2 <= n_stages <= 8, f"{model} {label}: {n_stages} stages"
+    assert len(used) >= 2
+    _check(model, got)
+
+
+POLICIES = [
+    ("power-thermal", PowerThermalWeighted),
+    ("heft", HEFT),
+    ("random", lambda: RandomPolicy(1)),
+    ("pinned", lambda: Pinned("cpu:1")),
+]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("label", "make_policy"), POLICIES, ids=[p[0] for p in POLICIES])
+def test_each_builtin_policy_matches_onnxruntime(model: str, label: str, make_policy) -> None:
+    _, _, n_nodes = _reference(model)
+    got, n_stages, used = anyio.run(_run, model, make_policy(), math.ceil(n_nodes / 4))
+    assert 1 <= n_stages <= 4
+    if label == "pinned":
+        assert used == {"cpu:1"} and n_stages == 1
+    _check(model, got)

@@ -1,0 +1,129 @@
+"""The public surface: one ``__all__``, one exception tree, typed package, README/CI agreement."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import inspect
+import re
+import types
+from pathlib import Path
+
+import hetsched
+import hetsched._errors as errors
+import hetsched.backends
+import hetsched.policies
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _public_names(module: types.ModuleType) -> set[str]:
+    return {
+        name for name, obj in vars(module).items()
+        if not name.startswith("_") and not isinstance(obj, types.ModuleType)
+    }
+
+
+def test_all_is_a_sorted_tuple_of_every_public_name() -> None:
+    assert isinstance(hetsched.__all__, tuple)
+    assert list(hetsched.__all__) == sorted(set(hetsched.__all__))
+    assert set(hetsched.__all__) == _public_names(hetsched)
+
+
+def test_every_public_name_resolves() -> None:
+    for name in hetsched.__all__:
+        assert getattr(hetsched, name) is not None, name
+    ns: dict[str, object] = {}
+    exec("from hetsched import *", ns)  # noqa: S102
+    assert set(hetsched.__all__) <= set(ns)
+
+
+def test_public_classes_show_the_top_level_module() -> None:
+    wrong = {
+        name: obj.__module__ for name in hetsched.__all__
+        if inspect.isclass(obj := getattr(hetsched, name)) and obj.__module__ != "hetsched"
+    }
+    assert not wrong, wrong
+
+
+def _tree_names() -> list[str]:
+    doc = errors.__doc__ or ""
+    return re.findall(r"^[\s│├└─]*([A-Z][A-Za-z]+Error)\b", doc, flags=re.MULTILINE)
+
+
+def test_every_exception_subclasses_hetsched_error_and_is_in_the_tree() -> None:
+    tree = _tree_names()
+    assert tree[0] == "HetschedError"
+    assert len(tree) == len(set(tree)), "an exception appears twice in the docstring tree"
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert inspect.isclass(cls) and issubclass(cls, errors.HetschedError), name
+        assert name in tree, f"{name} is missing from the tree in hetsched._errors' docstring"
+    assert set(tree) == set(errors.__all__), "the tree names exceptions that do not exist"
+
+
+def test_tree_indentation_matches_the_class_hierarchy() -> None:
+    doc = errors.__doc__ or ""
+    stack: list[tuple[int, str]] = []
+    for line in doc.splitlines():
+        m = re.match(r"^(\s*(?:[│ ]   |[├└]── )*)([A-Z][A-Za-z]+Error)\b", line)
+        if not m:
+            continue
+        depth = len(m.group(1))
+        name = m.group(2)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if stack:
+            parent = getattr(errors, stack[-1][1])
+            assert issubclass(getattr(errors, name), parent), f"{name} should subclass {stack[-1][1]}"
+        stack.append((depth, name))
+
+
+def test_every_exception_is_exported_at_the_top_level() -> None:
+    missing = [n for n in errors.__all__ if n not in hetsched.__all__]
+    assert not missing, missing
+
+
+def test_exceptions_with_builtin_bases() -> None:
+    assert issubclass(hetsched.ModelNotFoundError, FileNotFoundError)
+    assert issubclass(hetsched.InputError, ValueError)
+    assert issubclass(hetsched.BackendUnavailableError, ImportError)
+    err = hetsched.PartitionError("x", op_types=["B", "A"], devices=["cpu:0"])
+    assert (err.op_types, err.devices) == (["B", "A"], ["cpu:0"])
+
+
+def test_subpackages_all_resolve() -> None:
+    for module in (hetsched.backends, hetsched.policies):
+        assert module.__all__
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+        assert len(module.__all__) == len(set(module.__all__))
+
+
+def test_py_typed_is_installed() -> None:
+    marker = importlib.resources.files("hetsched") / "py.typed"
+    assert marker.is_file()
+    spec = importlib.util.find_spec("hetsched")
+    assert spec is not None and spec.origin is not None
+    assert (Path(spec.origin).parent / "py.typed").is_file()
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
+    readme = (ROOT / "README.md").read_text()
+    title, _, rest = readme.partition("\n")
+    assert title.startswith("# ")
+    m = re.match(r"\s*```bash\n([^\n`]+)\n```\s*\n```bash\n([^\n`]+)\n```\n", rest)
+    assert m, "README must begin (after the title) with two fenced bash blocks of one command each"
+    install_demo, install_test = m.group(1).strip(), m.group(2).strip()
+    assert "pip install" in install_demo and install_demo.endswith("hetsched demo")
+    assert "pip install" in install_test and "pytest" in install_test
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci_commands = [line.strip() for line in ci if line.strip() and not line.lstrip().startswith("#")]
+    assert ci_commands[-1] == install_test
+
+
+def test_version_matches_pyproject() -> None:
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert hetsched.__version__ == meta["project"]["version"]
