@@ -46,9 +46,20 @@ def _shape(t: onnx.TypeProto | None) -> tuple[list[int], int] | None:
     return dims, tt.elem_type
 
 
+def _shape_of(index: GraphIndex, name: str) -> tuple[list[int], int] | None:
+    # Planning reads each value's shape several times (as an output, then per consumer);
+    # decoding the protobuf once per value keeps planning linear and cheap.
+    cache: dict[str, tuple[list[int], int] | None] = index.__dict__.setdefault("_shape_cache", {})
+    try:
+        return cache[name]
+    except KeyError:
+        s = cache[name] = _shape(index.value_type(name))
+        return s
+
+
 def value_bytes(index: GraphIndex, name: str) -> float:
     """Bytes of a value from its inferred type; unknown dims count as 1, unknown types as 4 bytes."""
-    s = _shape(index.value_type(name))
+    s = _shape_of(index, name)
     if s is None:
         return 4.0
     dims, et = s
@@ -56,7 +67,7 @@ def value_bytes(index: GraphIndex, name: str) -> float:
 
 
 def _numel(index: GraphIndex, name: str) -> float:
-    s = _shape(index.value_type(name))
+    s = _shape_of(index, name)
     return float(math.prod(s[0])) if s else 1.0
 
 

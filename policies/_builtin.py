@@ -90,8 +90,14 @@ class HEFT:
     time, inserting into idle gaps of a device's timeline.
     """
 
-    def __init__(self, insertion: bool = True):
+    def __init__(self, insertion: bool = True, *, gap_window: int | None = 64):
+        """:param insertion: insert into idle gaps of a device's timeline (classic HEFT).
+        :param gap_window: examine at most this many gaps after a unit's ready time (None =
+            all). Exact insertion HEFT is quadratic on long graphs, where timelines fill with
+            tiny gaps that can never hold a unit; the window keeps planning linear.
+        """
         self.insertion = insertion
+        self.gap_window = gap_window
 
     def place(self, problem: PlacementProblem) -> Placement:
         units = {u.id: u for u in problem.units}
@@ -155,7 +161,7 @@ class HEFT:
                         ready = t
                 dur = cost[(uid, dev)]
                 if self.insertion and dur > 0.0:
-                    start = _gap_slot(gap_starts[dev], gap_ends[dev], tail[dev], ready, dur)
+                    start = _gap_slot(gap_starts[dev], gap_ends[dev], tail[dev], ready, dur, self.gap_window)
                 else:
                     start = self._slot(timeline[dev], ready, dur, ends[dev])
                 eft = start + dur
@@ -202,13 +208,17 @@ class HEFT:
         return max(ready, prev_end)
 
 
-def _gap_slot(gs: list[float], ge: list[float], tail: float, ready: float, dur: float) -> float:
-    """Earliest start >= ``ready`` of a ``dur`` > 0 slot: same answer as ``HEFT._slot``.
+def _gap_slot(gs: list[float], ge: list[float], tail: float, ready: float, dur: float,
+              window: int | None = None) -> float:
+    """Earliest start >= ``ready`` of a ``dur`` > 0 slot: same answer as ``HEFT._slot``
+    when ``window`` is None (else only the first ``window`` candidate gaps are tried).
 
     Gaps ending by ``ready`` cannot hold it; the first later gap where it fits wins,
     else it goes after the last interval.
     """
-    for j in range(bisect.bisect_right(ge, ready), len(gs)):
+    first = bisect.bisect_right(ge, ready)
+    last = len(gs) if window is None else min(len(gs), first + window)
+    for j in range(first, last):
         start = gs[j] if gs[j] > ready else ready
         if start + dur <= ge[j]:
             return start
