@@ -171,8 +171,10 @@ class Telemetry:
         self.period_s = float(period_s)
         self.capacity = capacity
         self._clock = clock
-        self._estimator = estimator
         self.platform = platform if platform is not None else discover(self._fs)
+        if estimator is None:
+            estimator = _model_estimator(self.platform)
+        self._estimator = estimator
         self._compile()
         self._ring: deque[Snapshot] = deque(maxlen=capacity)
         self._samples = 0
@@ -545,3 +547,19 @@ def _load(raw: bytes | None, fmt: str | None, freq_hz: int | None) -> float | No
     if fmt == "mc_all":
         return emc_utilisation(_int(raw), freq_hz)
     return None
+
+
+def _model_estimator(platform: Platform) -> Estimator | None:
+    """The SoC model's estimator when the board lacks power sensors (RK3588) and is known.
+
+    A board with only measured rails, or an unknown SoC, gets None: nothing is made up.
+    """
+    if platform.soc is None or not any(r.source == "estimated" for r in platform.power_rails):
+        return None
+    from hetsched._errors import UnknownSocError
+    from hetsched._twin import power_estimator
+
+    try:
+        return power_estimator(platform.soc)
+    except UnknownSocError:
+        return None

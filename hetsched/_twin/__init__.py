@@ -8,13 +8,16 @@ Nothing here touches real hardware. The twin is made of
 * :mod:`~hetsched._twin.physics` -- pure power / thermal / throttling model (no I/O);
 * :mod:`~hetsched._twin.sim` -- the fast virtual-time simulation (:class:`SimBoard`);
 * :mod:`~hetsched._twin.tree` -- materialises a board's sysfs/procfs tree under a root;
-* :mod:`~hetsched._twin.live` -- :class:`LiveTwin`, a live tree kept updated from the model.
+* :mod:`~hetsched._twin.live` -- :class:`LiveTwin`, a live tree kept updated from the model;
+* :mod:`~hetsched._twin.estimate` -- :func:`power_estimator`, rail power from the model for
+  boards without sensors (RK3588).
 """
 
 from __future__ import annotations
 
 from .profiles import SocProfile, get_profile, known_socs
 from .live import LiveTwin, LiveTwinStatistics
+from .estimate import power_estimator
 from .sim import DomainInfo, PhaseWork, SimBoard, SimStatistics
 
 __all__ = [
@@ -27,4 +30,5 @@ __all__ = [
     "SocProfile",
     "get_profile",
     "known_socs",
+    "power_estimator",
 ]
