@@ -1,0 +1,206 @@
+"""The governor's decision: a pure function from what it knows to the clocks to write."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from .._errors import GovernorError
+from ._model import Measurement, PhaseModel, choose
+from ._phase import Phase
+from ._points import DomainSpec, OperatingPoint
+
+__all__ = ["Decision", "DecisionInput", "GovernorConfig", "decide", "switchable"]
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    """How the governor trades speed, power and heat.
+
+    :raises GovernorError: a value out of range (the message names it).
+    """
+
+    slowdown: float = 0.05
+    """Allowed time per unit of work over the performance point's, as a fraction (0.05 = 5 %)."""
+    power_budget_w: float | None = None
+    """Hard cap on predicted total power (sum of rails / board input), or None."""
+    power_margin: float = 0.04
+    """Fraction of the budget kept free for prediction error."""
+    thermal_margin_c: float = 2.0
+    """Keep every zone this far below its (lowest) passive trip."""
+    thermal_horizon_s: float = 2.0
+    """How far ahead the thermal model looks (at least the expected phase length)."""
+    thermal_window_s: float = 1.0
+    """Telemetry span per thermal-fit update."""
+    min_phase_factor: float = 4.0
+    """A domain is switched for a phase only if the phase lasts >= this x its transition latency
+    (the reference: Jetson GPU/EMC changes of 5-8 ms pay off for phases of roughly 10-50 ms)."""
+    cap_hysteresis: float = 0.05
+    """A thermal cap that loosens must rise by this fraction before clocks go back up."""
+    tune_levels: int = 6
+    """Frequencies per domain in the first (coarse) auto-tune pass."""
+    tune_passes: int = 2
+    tune_repeats: int = 2
+    """Runs of each candidate point averaged during auto-tune."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "slowdown": self.slowdown >= 0,
+            "power_budget_w": self.power_budget_w is None or self.power_budget_w > 0,
+            "power_margin": 0 <= self.power_margin < 0.5,
+            "thermal_margin_c": self.thermal_margin_c >= 0,
+            "thermal_horizon_s": self.thermal_horizon_s > 0,
+            "thermal_window_s": self.thermal_window_s > 0,
+            "min_phase_factor": self.min_phase_factor >= 0,
+            "cap_hysteresis": 0 <= self.cap_hysteresis < 1,
+            "tune_levels": self.tune_levels >= 2,
+            "tune_passes": self.tune_passes >= 1,
+            "tune_repeats": self.tune_repeats >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise GovernorError(f"GovernorConfig: invalid {', '.join(f'{n}={getattr(self, n)!r}' for n in bad)}")
+
+    @property
+    def budget_cap_w(self) -> float | None:
+        """The budget less the margin: what predicted power must stay under."""
+        return None if self.power_budget_w is None else self.power_budget_w * (1.0 - self.power_margin)
+
+
+@dataclass(frozen=True)
+class DecisionInput:
+    """Everything :func:`decide` looks at, as plain data."""
+
+    phase: Phase
+    domains: Mapping[str, DomainSpec]
+    current: Mapping[str, int]
+    """The frequency each domain is at now (as last written or read back)."""
+    config: GovernorConfig
+    model: PhaseModel | None = None
+    expected_phase_s: float | None = None
+    """How long this phase usually lasts (None: not seen yet)."""
+    power_cap_w: float | None = None
+    """The tighter of the budget cap and the thermal cap."""
+    power_bias_w: float = 0.0
+    """How much the model has been seen to under-predict this phase's power."""
+    power_now_w: float | None = None
+    locked: frozenset[str] = frozenset()
+    """Domains whose clock does not follow writes: never touched."""
+    tuning_point: OperatingPoint | None = None
+    """Auto-tune wants this point measured now."""
+    successor_expected_s: float | None = None
+    """How long the phase that usually follows this one lasts (None: unknown)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to write (only what changes) and why."""
+
+    phase: Phase
+    target: OperatingPoint
+    writes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    predicted: Measurement | None = None
+    reason: str = ""
+    within_cap: bool = True
+
+
+def switchable(domain: DomainSpec, expected_phase_s: float | None, factor: float) -> bool:
+    """Whether a phase of ``expected_phase_s`` is long enough to be worth switching ``domain`` for."""
+    if expected_phase_s is None:
+        return False
+    return expected_phase_s >= factor * domain.transition_latency_s
+
+
+def _writes(target: OperatingPoint, current: Mapping[str, int], locked: frozenset[str]) -> Mapping[str, int]:
+    return MappingProxyType({d: hz for d, hz in target.items() if d not in locked and current.get(d) != hz})
+
+
+def decide(inp: DecisionInput) -> Decision:
+    """Choose the clocks for ``inp.phase``.
+
+    * auto-tune asked for a point: that point (it is being measured);
+    * IDLE (and, under a power budget, a phase not tuned yet): every domain worth
+      switching to its lowest clock;
+    * a tuned phase: the tuned point if its predicted power fits the cap, else the
+      least-energy point that fits (jointly over domains, :func:`choose`); domains not
+      worth switching for a phase this short stay where they are unless the cap cannot
+      be met otherwise;
+    * an untuned phase: the top clocks on the domains worth switching, unless the power
+      now is over the cap, then every domain steps down one level.
+
+    Locked domains are never written. Pure: no I/O.
+    """
+    cfg = inp.config
+    current = inp.current
+    locked = inp.locked
+    free = {
+        name: spec
+        for name, spec in inp.domains.items()
+        if name not in locked and switchable(spec, inp.expected_phase_s, cfg.min_phase_factor)
+    }
+
+    if inp.tuning_point is not None:
+        target = OperatingPoint.of({d: hz for d, hz in inp.tuning_point.items() if d not in locked})
+        return Decision(inp.phase, target, _writes(target, current, locked), None, "tuning")
+
+    if inp.model is None and (inp.phase is Phase.IDLE or cfg.power_budget_w is not None):
+        # Idle: nothing runs, so the lowest clocks cost nothing, but only for domains the
+        # next phase can switch back up in time (else idle would slow the next request).
+        # Under a budget, an untuned phase has no power prediction yet: lowest is safe.
+        lower = free
+        if inp.phase is Phase.IDLE and cfg.power_budget_w is None:
+            lower = {
+                d: spec for d, spec in free.items()
+                if switchable(spec, inp.successor_expected_s, cfg.min_phase_factor)
+            }
+        target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
+                                    **{d: spec.min_hz for d, spec in lower.items()}})
+        reason = "idle: lowest clocks" if inp.phase is Phase.IDLE else "untuned under a power budget: lowest clocks"
+        return Decision(inp.phase, target, _writes(target, current, locked), None, reason)
+
+    cap = inp.power_cap_w
+    model = inp.model
+    if model is None:
+        over = cap is not None and inp.power_now_w is not None and inp.power_now_w > cap
+        freqs = dict(current)
+        if not over:
+            # No model yet: run it fast (nothing is known to be safe to lower), as
+            # the performance governor would, on the domains worth switching.
+            freqs.update({d: spec.max_hz for d, spec in free.items()})
+        else:
+            for name, spec in inp.domains.items():
+                if name in locked or name not in current:
+                    continue
+                lower = spec.lower(current[name])
+                if lower is not None:
+                    freqs[name] = lower
+        target = OperatingPoint.of(freqs)
+        reason = "untuned, over the power cap: one step down" if over else "untuned: top clocks"
+        return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over)
+
+    fixed = {d: current[d] for d in model.center if d not in free and d in current}
+    best = model.best
+    if best is not None and not any(d in fixed and fixed[d] != hz for d, hz in best.items()):
+        pred = model.predict(best)
+        if cap is None or pred.power_w + inp.power_bias_w <= cap:
+            target = _merge(current, best, locked)
+            return Decision(inp.phase, target, _writes(target, current, locked), pred, "tuned point")
+    ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w)
+    reason = "least energy within bounds"
+    if not ch.within_power and fixed:
+        # Safety over hysteresis: free every unlocked domain before giving up on the cap.
+        fixed = {d: current[d] for d in model.center if d in locked and d in current}
+        ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w)
+        reason = "power cap: switching domains hysteresis would have kept"
+    if cap is not None and not math.isinf(cap) and best is not None and ch.point != best:
+        reason = f"power cap {cap:.2f} W: {reason}"
+    target = _merge(current, ch.point, locked)
+    return Decision(inp.phase, target, _writes(target, current, locked), ch.predicted, reason, ch.within_power)
+
+
+def _merge(current: Mapping[str, int], point: OperatingPoint, locked: frozenset[str]) -> OperatingPoint:
+    freqs = dict(current)
+    freqs.update({d: hz for d, hz in point.items() if d not in locked})
+    return OperatingPoint.of(freqs)

@@ -1,0 +1,137 @@
+"""A table-driven fake board for the governor tests (virtual time, no files).
+
+Time and power of one unit of each phase come from a function of the phase and the
+current clocks (the "table"); one zone heats as a first-order RC from total power.
+Writes are recorded; ``ignore_writes`` makes every domain frequency-locked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from hetsched._governor import DomainSpec, GovernorEngine, Phase
+from hetsched._snapshot import Snapshot, ZoneState
+
+Table = Callable[[Phase, Mapping[str, int]], tuple[float, float]]
+
+
+def domains() -> dict[str, DomainSpec]:
+    mhz = 1_000_000
+    return {
+        "cluster0": DomainSpec("cluster0", "cpu", tuple(f * mhz for f in (400, 800, 1200, 1600, 2000)), 1e-4),
+        "gpu": DomainSpec("gpu", "gpu", tuple(f * mhz for f in (300, 400, 500, 600, 700, 800, 900, 1000)), 5e-3),
+        "memory": DomainSpec("memory", "memory", tuple(f * mhz for f in (500, 1000, 1500, 2000)), 8e-3),
+    }
+
+
+def additive_table(
+    cycles: Mapping[Phase, Mapping[str, float]],
+    watts_per_ghz2: Mapping[str, float],
+    *,
+    static_w: float = 2.0,
+    fixed_s: float = 0.0,
+) -> Table:
+    """time = fixed + sum(cycles_d / f_d); power = static + sum(k_d * f_d^2) (GHz)."""
+
+    def table(phase: Phase, f: Mapping[str, int]) -> tuple[float, float]:
+        c = cycles.get(phase, {})
+        t = fixed_s + sum(c.get(d, 0.0) / hz for d, hz in f.items())
+        p = static_w + sum(watts_per_ghz2[d] * (hz / 1e9) ** 2 for d, hz in f.items())
+        return t, p
+
+    return table
+
+
+class TableBoard:
+    """The fake board; implements the governor's ClockPort."""
+
+    soc = "fake"
+
+    def __init__(
+        self,
+        table: Table,
+        *,
+        specs: dict[str, DomainSpec] | None = None,
+        ambient_c: float = 25.0,
+        r_c_per_w: float = 4.0,
+        tau_s: float = 20.0,
+        passive_trip_c: float | None = None,
+        ignore_writes: bool = False,
+    ) -> None:
+        self.table = table
+        self.specs = specs or domains()
+        self.freq = {n: s.available_hz[len(s.available_hz) // 2] for n, s in self.specs.items()}
+        self.t = 0.0
+        self.temp = ambient_c
+        self.ambient = ambient_c
+        self.r = r_c_per_w
+        self.tau = tau_s
+        self.trip = passive_trip_c
+        self.ignore_writes = ignore_writes
+        self.power = table(Phase.IDLE, self.freq)[1]
+        self.writes: list[tuple[float, str, int]] = []
+        self.power_trace: list[float] = []
+        self.max_temp = ambient_c
+
+    # -- ClockPort -------------------------------------------------------------------
+    def domains(self) -> Mapping[str, DomainSpec]:
+        return self.specs
+
+    def now(self) -> float:
+        return self.t
+
+    def sample(self) -> Snapshot:
+        zones = {"soc": ZoneState("soc", self.temp, self.trip, None)}
+        return Snapshot(time_s=self.t, zones=MappingProxyType(zones), total_power_w=self.power)
+
+    def save(self) -> dict[str, int]:
+        return dict(self.freq)
+
+    def restore(self, saved: dict[str, int]) -> None:
+        self.freq.update(saved)
+
+    def write(self, domain: str, hz: int) -> None:
+        self.writes.append((self.t, domain, hz))
+        if not self.ignore_writes:
+            self.freq[domain] = hz
+
+    def read(self, domain: str) -> int:
+        return self.freq[domain]
+
+    # -- driving -----------------------------------------------------------------------
+    def advance(self, seconds: float, power: float, engine: GovernorEngine | None, tick_s: float = 0.01) -> None:
+        left = seconds
+        while left > 1e-12:
+            dt = min(tick_s, left)
+            self.power = power
+            self.power_trace.append(power)
+            a = math.exp(-dt / self.tau)
+            t_inf = self.ambient + self.r * power
+            self.temp = t_inf + (self.temp - t_inf) * a
+            self.max_temp = max(self.max_temp, self.temp)
+            self.t += dt
+            left -= dt
+            if engine is not None:
+                engine.tick()
+
+    def run(self, engine: GovernorEngine, phase: Phase, tick_s: float = 0.01) -> tuple[float, float]:
+        """Enter ``phase`` and run one unit of it at whatever clocks the governor set.
+
+        Clocks changed mid-phase (thermal guard) apply to the rest of the unit.
+        """
+        engine.enter(phase)
+        done = 0.0  # fraction of the unit finished
+        energy = 0.0
+        elapsed = 0.0
+        while done < 1.0 - 1e-12:
+            secs, watts = self.table(phase, self.freq)
+            if secs <= 0:
+                break
+            dt = min(tick_s, (1.0 - done) * secs)
+            self.advance(dt, watts, engine, tick_s)
+            done += dt / secs
+            energy += dt * watts
+            elapsed += dt
+        return elapsed, energy
