@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import anyio
+import anyio.abc
 
 from ._common import Progress, add_devices_args, default_host_devices, random_feeds, resolve_model_arg
 
@@ -22,23 +24,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--progress", action="store_true", help="force the progress bar")
     p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
                    "its devices are simulated, stages report modelled time and energy at the tree's clocks")
+    g = p.add_argument_group("DVFS governor (needs --root, or root privileges on a real board with --root /)")
+    g.add_argument("--governor", choices=("none", "phase"), default="none",
+                   help="phase: hetsched's phase-aware governor sets the board's clocks per inference phase and "
+                        "restores every knob at the end, also on SIGTERM/SIGINT")
+    g.add_argument("--slowdown", type=float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
+    g.add_argument("--power-budget", type=float, default=None, metavar="W", help="hard power cap in watts")
+    g.add_argument("--governor-profile", metavar="PATH",
+                   help="JSON profile to load if it exists, and to save what auto-tune learned to")
+    g.add_argument("--dry-run", action="store_true", help="decide and log clock changes, write nothing")
     p.set_defaults(func=main)
 
 
 async def run_requests(session: object, feeds: dict, n: int, concurrency: int, progress: Progress) -> list[float]:
+    """``n`` requests, ``concurrency`` at a time (a fixed pool of tasks, so cancelling is instant)."""
     latencies: list[float] = []
-    limiter = anyio.Semaphore(max(1, concurrency))
+    remaining = [n]
 
-    async def one() -> None:
-        async with limiter:
+    async def worker() -> None:
+        while remaining[0] > 0:
+            remaining[0] -= 1
             t0 = time.perf_counter()
             await session.run(feeds)  # type: ignore[attr-defined]
             latencies.append(time.perf_counter() - t0)
             progress.update()
 
     async with anyio.create_task_group() as tg:
-        for _ in range(n):
-            tg.start_soon(one)
+        for _ in range(max(1, min(concurrency, n))):
+            tg.start_soon(worker)
     return latencies
 
 
@@ -80,6 +93,17 @@ def print_modelled(rows: list[dict], what: str) -> None:
     print(f"{'total':8} {'':10} {tot_t:16.3f} {tot_e:16.3f}  (serial sum per request)")
 
 
+def governor_statistics(hooks: list) -> dict:
+    for h in hooks:
+        gov = getattr(h, "governor", None)
+        if gov is not None:
+            st = gov.statistics()
+            return {"phase_switches": st.phase_switches, "decisions": st.decisions, "writes": st.writes,
+                    "writes_avoided": st.writes_avoided, "locked_domains": list(st.locked_domains),
+                    "dry_run": st.dry_run, "ungoverned": st.ungoverned}
+    return {}
+
+
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
@@ -90,9 +114,13 @@ def main(args: argparse.Namespace) -> int:
     if args.root:
         devices = board_devices(args.root)
 
-    async def go() -> int:
-        async with Session(resolve_model_arg(args.model), devices=devices,
-                           policy=args.policy, max_unit_nodes=args.max_unit_nodes, root=args.root or "/") as s:
+    if args.governor != "none" and not args.root:
+        raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
+    signalled: list[int] = []
+
+    async def serve(hooks: list) -> int:
+        async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", hooks=hooks) as s:
             feeds = random_feeds(s.get_inputs())
             progress = Progress(args.requests, enabled=True if args.progress else None)
             t0 = time.perf_counter()
@@ -107,6 +135,9 @@ def main(args: argparse.Namespace) -> int:
             modelled = modelled_rows(s)
             if modelled:
                 summary["modelled"] = modelled
+            gov_stats = governor_statistics(hooks)
+            if gov_stats:
+                summary["governor"] = gov_stats
             if args.json:
                 print(json.dumps(summary))
             else:
@@ -116,5 +147,52 @@ def main(args: argparse.Namespace) -> int:
                 if modelled:
                     print_modelled(modelled, f"board under {args.root}")
         return 0
+
+
+    async def governed() -> int:
+        from pathlib import Path
+
+        from hetsched._governed import GovernorHooks
+        from hetsched._governor import Governor
+
+        profile_path = Path(args.governor_profile) if args.governor_profile else None
+        gov = Governor(
+            args.root, slowdown=args.slowdown, power_budget_w=args.power_budget,
+            profile=profile_path if profile_path is not None and profile_path.exists() else None,
+            workload=Path(str(args.model)).stem, dry_run=args.dry_run, handle_signals=False,
+        )
+        # The governor restores every knob when this block exits: normally, on error, or
+        # when the signal watcher below cancels the run (restore runs shielded).
+        async with gov:
+            hooks = GovernorHooks(gov)
+
+            rc = await serve([hooks])
+            if profile_path is not None:
+                gov.profile().save(profile_path)
+        return rc
+
+    async def go() -> int:
+        import signal
+
+        rc = 0
+        async with anyio.create_task_group() as tg:
+
+            async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    task_status.started()
+                    # Keep receiving until the run has unwound: a second signal must not fall
+                    # through to the default handler and kill us before the clocks are restored.
+                    async for signum in signals:
+                        if not signalled:
+                            signalled.append(int(signum))
+                            tg.cancel_scope.cancel()
+
+            await tg.start(watch)
+            rc = await (governed() if args.governor != "none" else serve([]))
+            tg.cancel_scope.cancel()
+        if signalled:
+            print(f"hetsched run: stopped by signal {signalled[0]}; clocks restored", file=sys.stderr)
+            return 128 + signalled[0]
+        return rc
 
     return anyio.run(go)
