@@ -89,6 +89,19 @@ from ._runtime import Topology as Topology
 from ._runtime import TransferEngine as TransferEngine
 from ._runtime import TransferInfo as TransferInfo
 from ._runtime import TransferStatistics as TransferStatistics
+from ._governor import BatchAdvice as BatchAdvice
+from ._governor import BatchMeasurement as BatchMeasurement
+from ._governor import BatchOption as BatchOption
+from ._governor import Governor as Governor
+from ._governor import GovernorConfig as GovernorConfig
+from ._governor import GovernorProfile as GovernorProfile
+from ._governor import GovernorStatistics as GovernorStatistics
+from ._governor import GovernorWarning as GovernorWarning
+from ._governor import OperatingPoint as OperatingPoint
+from ._governor import Phase as Phase
+from ._governor import PhaseStatistics as PhaseStatistics
+from ._governor import advise_batch_size as advise_batch_size
+from ._governed import GovernorHooks as GovernorHooks
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement
@@ -99,6 +112,9 @@ __version__ = "0.1.0"
 __all__ = (
     "BackendError",
     "BackendUnavailableError",
+    "BatchAdvice",
+    "BatchMeasurement",
+    "BatchOption",
     "BufferLeakError",
     "BufferPool",
     "BufferState",
@@ -117,7 +133,13 @@ __all__ = (
     "Event",
     "EventInfo",
     "FrequencyLockError",
+    "Governor",
+    "GovernorConfig",
     "GovernorError",
+    "GovernorHooks",
+    "GovernorProfile",
+    "GovernorStatistics",
+    "GovernorWarning",
     "HetschedError",
     "Hooks",
     "InputError",
@@ -130,8 +152,11 @@ __all__ = (
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
+    "OperatingPoint",
     "PartitionError",
     "PathOutsideRootError",
+    "Phase",
+    "PhaseStatistics",
     "PhaseWork",
     "Placement",
     "PlacementError",
@@ -176,6 +201,7 @@ __all__ = (
     "UnsupportedGovernorError",
     "ZoneInfo",
     "ZoneState",
+    "advise_batch_size",
     "discover",
     "discover_cpu_clusters",
     "get_profile",
