@@ -24,9 +24,28 @@ __all__ = [
     "DeviceKind",
     "OpRule",
     "get_backend",
+    "register_backend",
+    "unregister_backend",
 ]
 
 _cache: dict[str, Any] = {}
+_registered: dict[str, Any] = {}
+
+
+def register_backend(name: str, backend: Backend) -> None:
+    """Make ``backend`` the instance ``get_backend(name)`` returns (tests, embedded apps).
+
+    :raises ValueError: ``name`` is already registered to another instance.
+    """
+    old = _registered.get(name)
+    if old is not None and old is not backend:
+        raise ValueError(f"a backend is already registered as {name!r}; unregister_backend({name!r}) first")
+    _registered[name] = backend
+
+
+def unregister_backend(name: str) -> None:
+    """Forget a backend registered with :func:`register_backend` (no error if absent)."""
+    _registered.pop(name, None)
 
 
 def get_backend(name: str) -> Backend:
@@ -35,7 +54,7 @@ def get_backend(name: str) -> Backend:
     :raises BackendUnavailableError: no such backend, or its optional SDK is missing
         (the message names the pip extra to install).
     """
-    backend = _cache.get(name)
+    backend = _registered.get(name) or _cache.get(name)
     if backend is not None:
         return backend
     module_name = f"hetsched.backends.{name.replace('-', '_')}"

@@ -1,5 +1,12 @@
-"""Public test helpers: fake SoC sysfs trees, fake backends."""
+"""Public test helpers: fake SoC sysfs trees and fake backends, so users can test too.
+
+* :func:`build_board_tree` -- a consistent snapshot of an RK3588 / Orin sysfs tree under a
+  temporary root (JP5/JP6 naming variants for Orin, vendor/mainline zone names for RK3588);
+* :class:`FakeBackend`, :func:`fake_device` -- a backend that runs stages with onnx's
+  pure-numpy reference evaluator (or your handler) and records what ran where.
+"""
 
 from ._boards import BOARD_SOCS, build_board_tree
+from ._fakes import FakeBackend, FakeCall, FakeStage, fake_device
 
-__all__: list[str] = ["BOARD_SOCS", "build_board_tree"]
+__all__ = ["BOARD_SOCS", "FakeBackend", "FakeCall", "FakeStage", "build_board_tree", "fake_device"]
