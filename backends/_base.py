@@ -8,6 +8,16 @@ A backend is three calls::
 
 GPU/NPU backends (TensorRT, RKNN) and simulated ones implement the same three
 calls; the core never imports an SDK itself.
+
+Two optional extensions make a backend faster without changing the three calls:
+
+* a compiled stage that is also a :class:`BindableStage` runs *in place*: the
+  runtime gives it output memory from its buffer pools and it reads inputs where
+  they lie (onnxruntime IO binding for the CPU backend), so no tensor is copied
+  between stages on one memory domain;
+* ``backend.worker_cpus(device)`` says how many stages the device runs at once
+  and which cores each worker thread is pinned to (default: one worker on all of
+  ``device.cpus``, i.e. one stage at a time).
 """
 
 from __future__ import annotations
@@ -21,11 +31,13 @@ import onnx
 
 __all__ = [
     "Backend",
+    "BindableStage",
     "Capabilities",
     "CompiledStage",
     "Device",
     "DeviceKind",
     "OpRule",
+    "TensorSpec",
 ]
 
 DeviceKind = Literal["cpu", "gpu", "npu"]
@@ -123,6 +135,40 @@ class CompiledStage(Protocol):
     def close(self) -> None: ...
 
 
+TensorSpec = tuple[np.dtype[Any], tuple[int, ...]]
+"""A tensor's element type and (static) shape."""
+
+
+@runtime_checkable
+class BindableStage(Protocol):
+    """Optional: a compiled stage that reads inputs in place and writes into memory it is given.
+
+    The runtime calls :meth:`output_specs` once after compiling; when it returns specs it
+    acquires, for every run whose outputs another stage (or a zero-copy caller) reads, one
+    pool buffer per output and calls :meth:`run_into` with views of them, so the stage's
+    results land directly in runtime-owned (shareable, 64-byte aligned) memory and the next
+    stage on the same memory domain reads that very memory. :meth:`CompiledStage.run` stays
+    required: it serves runs whose outputs only a caller keeping plain arrays reads, and
+    runs when a pool is full.
+    """
+
+    def output_specs(self) -> Sequence[TensorSpec] | None:
+        """Per output (in ``output_names`` order) its dtype and static shape; None when any output's
+        shape is only known at run time or some input/output cannot be bound (then the runtime
+        calls :meth:`CompiledStage.run` and the backend allocates the outputs)."""
+        ...
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        """Run the stage reading ``feeds`` where they lie and writing output ``i`` into ``outputs[i]``
+        (C-contiguous arrays of exactly the dtype/shape :meth:`output_specs` gave).
+
+        Raises :class:`hetsched.StageExecutionError` (with the cause chained) on failure,
+        including when the run's actual output shapes differ from the specs; the runtime then
+        retries once through :meth:`CompiledStage.run` and stops binding this stage.
+        """
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Compile and run stages on devices of one kind."""
@@ -134,3 +180,8 @@ class Backend(Protocol):
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
         """Compile a standalone stage model. Raises :class:`hetsched.CompileError`."""
         ...
+
+    # Optional (looked up with getattr):
+    #   def worker_cpus(self, device: Device) -> Sequence[tuple[int, ...]]:
+    #       """One entry per worker thread of the device (the cores it is pinned to); the
+    #       device runs that many stages at once. Default: ``[device.cpus]``."""

@@ -1,8 +1,25 @@
-"""CPU backend: onnxruntime's CPU execution provider, pinned to the device's cores."""
+"""CPU backend: onnxruntime's CPU execution provider, pinned to the device's cores.
+
+Stages with static output shapes run through onnxruntime's IO binding
+(:class:`~hetsched.backends.BindableStage`): inputs are bound by address where they
+lie, outputs are written straight into the runtime's pool buffers.
+
+Device options (``Device.options``):
+
+* ``allow_spinning`` (bool): onnxruntime's intra-op spinning (default: onnxruntime's, on).
+* ``force_spinning_stop`` (bool, default True): intra-op threads stop spinning as soon
+  as a run returns. Spinning *during* a run keeps a stage fast; spinning *after* it
+  steals the core from the next stage of a pipeline sharing these cores.
+* ``graph_optimization_level`` (an ``ort.GraphOptimizationLevel``).
+* ``workers`` (``1`` or ``"per-core"``): one worker running one stage at a time with
+  ``len(cpus)`` intra-op threads (default), or one single-threaded worker per core,
+  running that many stages (of any requests) at once: throughput over latency.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,9 +27,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from hetsched._errors import CompileError, StageExecutionError
+from hetsched._errors import CompileError, DeviceSpecError, StageExecutionError
 
-from ._base import Backend, Capabilities, CompiledStage, Device
+from ._base import Backend, Capabilities, CompiledStage, Device, TensorSpec
 
 __all__ = ["CpuBackend", "CpuStage", "intra_op_affinities", "pin_current_thread"]
 
@@ -39,30 +56,140 @@ def pin_current_thread(cpus: Sequence[int]) -> set[int] | None:
     return previous
 
 
+_ORT_DTYPES: dict[str, np.dtype[Any]] = {
+    f"tensor({k})": np.dtype(v)
+    for k, v in {
+        "float": np.float32, "double": np.float64, "float16": np.float16, "bool": np.bool_,
+        "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+        "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+    }.items()
+}
+"""onnxruntime tensor types that have a numpy dtype and can be bound by address."""
+
+
+def _static_spec(arg: Any) -> TensorSpec | None:
+    dtype = _ORT_DTYPES.get(arg.type)
+    shape = arg.shape
+    if dtype is None or shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    return dtype, tuple(shape)
+
+
 class CpuStage:
-    """One ``InferenceSession`` for one stage."""
+    """One ``InferenceSession`` for one stage (a :class:`~hetsched.backends.BindableStage`)."""
 
     def __init__(self, session: ort.InferenceSession, name: str, device: Device):
         self._session = session
         self.name = name
         self.device = device
-        self.input_names = tuple(i.name for i in session.get_inputs())
-        self.output_names = tuple(o.name for o in session.get_outputs())
+        inputs = session.get_inputs()
+        outputs = session.get_outputs()
+        self.input_names = tuple(i.name for i in inputs)
+        self.output_names = tuple(o.name for o in outputs)
         self._run_options = ort.RunOptions()
+        # onnxruntime's run_with_iobinding looks this key up on every call; a missing key costs
+        # a C++ exception (~70 us). "0" is its default (no graph capture).
+        self._run_options.add_run_config_entry("gpu_graph_id", "0")
+        self._bindings = threading.local()  # per worker thread: an IOBinding and what it is bound to
+        # onnxruntime's Python run_with_iobinding only adds WebGPU graph-capture bookkeeping on
+        # top of this call; on the CPU EP the C++ method alone is the same run, ~15 us cheaper
+        raw = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+        probe = session.io_binding()
+        self._raw_run = raw if callable(raw) and hasattr(probe, "_iobinding") else None
+        specs = [_static_spec(o) for o in outputs]
+        bindable_inputs = all(i.type in _ORT_DTYPES for i in inputs)
+        self._specs: tuple[TensorSpec, ...] | None = (
+            tuple(s for s in specs if s is not None) if bindable_inputs and None not in specs and specs else None
+        )
 
     @property
     def session(self) -> ort.InferenceSession:
         return self._session
 
+    def _error(self, exc: Exception) -> StageExecutionError:
+        err = StageExecutionError(
+            f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
+            stage=self.name,
+            device=self.device.name,
+        )
+        err.__cause__ = exc
+        return err
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         try:
             return self._session.run(None, dict(feeds), self._run_options)
         except Exception as exc:  # onnxruntime raises several unrelated types
-            raise StageExecutionError(
-                f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
-                stage=self.name,
-                device=self.device.name,
-            ) from exc
+            raise self._error(exc) from exc
+
+    def output_specs(self) -> tuple[TensorSpec, ...] | None:
+        """Static (dtype, shape) of every output, or None when some input or output cannot be
+        bound by address (a sequence/map/optional/string type, or a dynamic output shape)."""
+        return self._specs
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        """Run with inputs bound where they lie and outputs written into ``outputs`` (IO binding).
+
+        Each worker thread keeps one ``IOBinding`` per stage and rebinds a name only when it is
+        given another array (identity first, then address, shape and dtype): creating a binding
+        and binding every tensor anew costs ~100 us per run with the caches cold after a stage,
+        more than all the rest of a stage boundary. The arrays last bound stay referenced until
+        the next run on that thread, so the same object always means the same memory (a pool
+        block hands out one cached view; a caller's array cannot be freed and its address
+        reused meanwhile).
+        """
+        try:
+            cache = self._bindings.__dict__
+            io = cache.get("io")
+            if io is None:
+                io = cache["io"] = self._session.io_binding()
+                cache["bound"] = {}
+                cache["check"] = True
+            bound: dict[str, tuple[np.ndarray, int, tuple[int, ...], np.dtype[Any]]] = cache["bound"]
+            names = tuple(feeds)
+            if cache.get("names") != names:
+                # another set of inputs (an optional one fed or not): nothing stale may stay bound
+                io.clear_binding_inputs()
+                for n in cache.get("names", ()):
+                    bound.pop(n, None)
+                cache["names"] = names
+            check = cache["check"]
+            for name, arr in feeds.items():
+                last = bound.get(name)
+                if last is not None and last[0] is arr and last[2] == arr.shape:
+                    continue  # (a bound array cannot be resized: the reference held here forbids it)
+                if not arr.flags.c_contiguous:
+                    arr = np.ascontiguousarray(arr)  # noqa: PLW2901 -- onnxruntime reads dense memory
+                ptr = arr.__array_interface__["data"][0]
+                if last is None or last[1] != ptr or last[2] != arr.shape or last[3] != arr.dtype:
+                    io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, ptr)
+                    if last is None or last[2] != arr.shape:
+                        check = True
+                bound[name] = (arr, ptr, arr.shape, arr.dtype)
+            for name, out in zip(self.output_names, outputs):
+                last = bound.get(name)
+                if last is not None and last[0] is out and last[2] == out.shape:
+                    continue
+                ptr = out.__array_interface__["data"][0]
+                if last is None or last[1] != ptr or last[2] != out.shape or last[3] != out.dtype:
+                    io.bind_output(name, "cpu", 0, out.dtype, out.shape, ptr)
+                bound[name] = (out, ptr, out.shape, out.dtype)
+            raw = self._raw_run
+            if raw is not None:
+                raw(io._iobinding, self._run_options)  # what run_with_iobinding does on the CPU EP
+            else:
+                self._session.run_with_iobinding(io, self._run_options)
+            # Shape inference can be wrong where onnxruntime is right (and onnxruntime writes
+            # into a bound buffer of the same size without complaint): check the shapes it
+            # produced on the first run and whenever an input's shape changed.
+            if check:
+                for name, out, value in zip(self.output_names, outputs, io.get_outputs()):
+                    if tuple(value.shape()) != out.shape:
+                        raise ValueError(f"output {name!r} has shape {value.shape()}, not the inferred "
+                                         f"{list(out.shape)}")
+                cache["check"] = False
+        except Exception as exc:
+            self._bindings.__dict__.clear()  # start from a fresh binding next time
+            raise self._error(exc) from exc
 
     def close(self) -> None:
         # InferenceSession has no close(); dropping the reference frees it.
@@ -80,18 +207,33 @@ class CpuBackend:
         # time with a CompileError naming the stage, exactly as bare onnxruntime would fail.
         return Capabilities.everything()
 
+    def worker_cpus(self, device: Device) -> list[tuple[int, ...]]:
+        """The cores each worker thread of ``device`` is pinned to (see the ``workers`` option).
+
+        :raises DeviceSpecError: ``workers`` is neither 1 nor ``"per-core"``.
+        """
+        workers = device.options.get("workers", 1)
+        if workers == 1:
+            return [tuple(device.cpus)]
+        if workers == "per-core" or workers == len(device.cpus):
+            return [(c,) for c in device.cpus] or [()]
+        raise DeviceSpecError(f"device {device.name!r}: option workers={workers!r} must be 1 or 'per-core'")
+
     def session_options(self, device: Device) -> ort.SessionOptions:
         so = ort.SessionOptions()
-        threads = max(1, len(device.cpus))
+        per_core = len(self.worker_cpus(device)) > 1
+        threads = 1 if per_core else max(1, len(device.cpus))
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        aff = intra_op_affinities(device.cpus)
+        aff = None if per_core else intra_op_affinities(device.cpus)
         if aff is not None:
             so.add_session_config_entry("session.intra_op_thread_affinities", aff)
         spinning = device.options.get("allow_spinning")
         if spinning is not None:
             so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if threads > 1 and device.options.get("force_spinning_stop", True):
+            so.add_session_config_entry("session.force_spinning_stop", "1")
         level = device.options.get("graph_optimization_level")
         if level is not None:
             so.graph_optimization_level = level

@@ -1,40 +1,64 @@
-"""``Session``: plan a model across devices, compile its stages, serve requests."""
+"""``Session``: plan a model across devices, compile its stages, serve many requests at once.
+
+The runtime underneath (``hetsched._runtime``): one :class:`BufferPool` per memory
+domain, a :class:`TransferEngine` between domains that do not share memory, and a
+:class:`Scheduler` with per-device worker threads fed by priority queues (see
+``hetsched/_runtime/_scheduler.py`` for the flow of one request).
+
+Zero-copy contract:
+
+* A stage whose outputs have static shapes (after shape inference) and a backend that
+  runs in place (:class:`~hetsched.backends.BindableStage`; the CPU backend does, through
+  onnxruntime IO binding) writes its outputs straight into pool buffers, and the next
+  stage on the same memory domain reads that very memory. Other stages get
+  backend-allocated outputs; ``statistics().unbound_stages`` names them and why.
+* ``await s.run(feeds)`` returns arrays the caller owns. A stage whose outputs only the
+  caller reads then lets the backend allocate them and they are handed over as they are:
+  no pool buffer, no copy (onnxruntime hands its allocation to numpy). An output that lives
+  in a pool buffer because a stage reads it too (or it crossed a memory domain) is copied
+  **exactly once** into a fresh array, in the worker that finished the request, and its
+  buffer goes back to the pool right away (``statistics().bytes_copied_to_caller``).
+* ``await s.run(feeds, zero_copy=True)`` returns :class:`Outputs`: read-only views of the
+  pool memory itself, no copy at all, valid until ``outputs.release()`` (or the end of
+  ``with outputs:``). Outputs still unreleased when the session closes are reported as a
+  :class:`~hetsched.BufferLeakError` naming the stage that produced them.
+"""
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import TracebackType
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import anyio
 import anyio.from_thread
-import anyio.lowlevel
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from hetsched.backends import CompiledStage, Device, get_backend
+from hetsched.backends import Device, get_backend
 from hetsched.backends.cpu import pin_current_thread
 from hetsched.policies import DeviceState, PlacementPolicy
 
 from ._costs import STAGE_OVERHEAD_S, CostTable, analytic_node_costs
 from ._devices import resolve_devices
-from ._errors import BackendError, InputError, RuntimeStateError, StageExecutionError
+from ._errors import BackendError, BufferLeakError, InputError, RuntimeStateError, TransferError
 from ._events import Event, EventInfo, HookDispatcher, Priority
 from ._graph import GraphIndex
 from ._model import ModelSource, load_model
-from ._partition import StageSpec, extract_stage
+from ._partition import extract_stage
 from ._plan import Plan, build_plan, unit_key
+from ._runtime._buffers import BufferPool, PoolStatistics, TensorBuffer, pools_for
+from ._runtime._domains import MemoryDomain, MemoryKind, Topology
+from ._runtime._scheduler import _MISSING, Admission, Scheduler, StageRuntime
+from ._runtime._transfer import CopyFn, TransferEngine, TransferInfo, TransferStatistics
 
-__all__ = ["Session", "SessionStatistics", "SyncSession"]
-
+__all__ = ["Outputs", "Session", "SessionStatistics", "SyncSession"]
 
 
 def _np_dtype(elem_type: int) -> np.dtype[Any] | None:
@@ -46,6 +70,8 @@ def _np_dtype(elem_type: int) -> np.dtype[Any] | None:
 
 @dataclass(frozen=True)
 class SessionStatistics:
+    """A snapshot of a :class:`Session` (pool and transfer snapshots included)."""
+
     requests_started: int
     requests_completed: int
     requests_failed: int
@@ -54,110 +80,132 @@ class SessionStatistics:
     stage_runs: int
     stages: int
     devices: int
+    max_in_flight: int = 0
+    """The admission bound (backpressure): more requests wait before starting."""
+    peak_in_flight: int = 0
+    """Most requests admitted at once so far (never above ``max_in_flight``)."""
+    queued_stages: int = 0
+    """Ready stages waiting in device queues now."""
+    stage_runs_bound: int = 0
+    """Stage runs whose outputs were written straight into pool buffers (IO binding)."""
+    stage_runs_unbound: int = 0
+    """Stage runs whose outputs the backend allocated (dynamic shapes, unbindable types, a full pool)."""
+    stage_runs_to_caller: int = 0
+    """Runs of stages whose outputs only the caller reads, who wanted arrays to keep: the backend
+    allocated them and they were handed over as they were (no pool buffer, no copy)."""
+    unbound_stages: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Stages not run in place, with the reason."""
+    bytes_copied_to_caller: int = 0
+    """Bytes of the one documented copy of each output handed to a caller (0 with ``zero_copy``)."""
+    bytes_staged: int = 0
+    """Bytes of fed arrays copied into host buffers to be transferred to a domain the host does not share."""
+    pools: Mapping[str, PoolStatistics] = field(default_factory=lambda: MappingProxyType({}))
+    """One snapshot per memory domain's buffer pool."""
+    transfers: TransferStatistics | None = None
+    """The transfer engine's snapshot (None before the session opened)."""
+
+    @property
+    def bytes_copied_same_domain(self) -> int:
+        """Bytes copied from a memory domain to itself, over all pools: 0 when zero-copy holds."""
+        return sum(p.bytes_copied_same_domain for p in self.pools.values())
 
 
-class _Job:
-    __slots__ = ("stage", "feeds", "done", "cancelled", "request_id", "priority")
+class Outputs(Mapping[str, np.ndarray]):
+    """A request's outputs as read-only views of pool memory (``run(..., zero_copy=True)``).
 
-    def __init__(self, stage: _CompiledStage, feeds: dict[str, Any], done: Callable[[Any, BaseException | None], None],
-                 request_id: int, priority: int):
-        self.stage = stage
-        self.feeds = feeds
-        self.done = done
-        self.cancelled = False
-        self.request_id = request_id
-        self.priority = priority
+    ::
+
+        with await s.run(feeds, zero_copy=True) as out:
+            top5 = np.argsort(out["prob"][0])[-5:]      # reads the memory the last stage wrote
+        # the buffers are back in the pool here: views taken above must not be used any more
+
+    Iteration follows the requested output order, so ``list(out.values())`` is
+    onnxruntime's list form. Arrays that were not pool-backed (a fed input passed through,
+    a constant, a backend-allocated output) are included as they are. ``release()`` is
+    idempotent and thread-safe; afterwards indexing raises :class:`RuntimeStateError`.
+    """
+
+    __slots__ = ("_arrays", "_buffers", "_lock")
+
+    def __init__(self, arrays: dict[str, np.ndarray], buffers: list[TensorBuffer]):
+        self._arrays: dict[str, np.ndarray] | None = arrays
+        self._buffers = buffers
+        self._lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        arrays = self._arrays
+        if arrays is None:
+            raise RuntimeStateError("these outputs were released; their memory is back in the pool")
+        return arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays or {})
+
+    def __len__(self) -> int:
+        return len(self._arrays or {})
+
+    @property
+    def released(self) -> bool:
+        return self._arrays is None
+
+    @property
+    def buffers(self) -> tuple[TensorBuffer, ...]:
+        """The pool buffers behind the views (for ``ptr``/``export()``), until released."""
+        return tuple(self._buffers)
+
+    def copy(self) -> dict[str, np.ndarray]:
+        """Arrays that own their memory (one copy each), valid after :meth:`release`."""
+        return {k: np.array(v, copy=True) for k, v in self.items()}
+
+    def release(self) -> None:
+        """Give the buffers back to their pools (views become invalid)."""
+        with self._lock:
+            bufs, self._buffers, self._arrays = self._buffers, [], None
+        for b in bufs:
+            b.release()
+
+    def __enter__(self) -> Outputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        if self._arrays is None:
+            return "<Outputs released>"
+        return f"<Outputs {list(self._arrays)} zero-copy, {len(self._buffers)} pool buffer(s)>"
 
 
-class _CompiledStage:
-    __slots__ = ("spec", "compiled", "key", "analytic_s", "input_names", "output_names")
+class _TransferEvents:
+    """Adapts the engine's transfer callbacks to session hooks; an event nobody listens to
+    is None here, so the engine skips it for free."""
 
-    def __init__(self, spec: StageSpec, compiled: CompiledStage, key: str, analytic_s: float):
-        self.spec = spec
-        self.compiled = compiled
-        self.key = key
-        self.analytic_s = analytic_s
-        self.input_names = frozenset(compiled.input_names)
-        self.output_names = tuple(compiled.output_names)
+    def __init__(self, dispatch: HookDispatcher):
+        self.before_transfer = self._forward(Event.BEFORE_TRANSFER, dispatch)
+        self.after_transfer = self._forward(Event.AFTER_TRANSFER, dispatch)
+        self.preempted = self._forward(Event.PREEMPTED, dispatch)
+        self.resumed = self._forward(Event.RESUMED, dispatch)
+
+    @staticmethod
+    def _forward(event: Event, dispatch: HookDispatcher) -> Callable[[TransferInfo], None] | None:
+        fns = dispatch.listeners[event]
+        if not fns:
+            return None
+
+        def forward(t: TransferInfo) -> None:
+            # labels are "<stage>:<value>-><domain>#<request id>" (see Scheduler._transfer)
+            head, _, rid = t.label.rpartition("#")
+            stage = head.split(":", 1)[0] if head else None
+            info = EventInfo(event, time.perf_counter(), int(rid) if rid.isdigit() else None,
+                             Priority(t.priority) if 0 <= t.priority <= 3 else None, stage, None,
+                             nbytes=t.nbytes, extra=t)
+            for fn in fns:
+                fn(info)
+
+        return forward
 
 
-class _DeviceWorker:
-    """A dedicated, core-pinned thread running one device's stages, most urgent first."""
-
-    def __init__(self, device: Device, session: Session):
-        self.device = device
-        self._session = session
-        self._heap: list[tuple[int, int, _Job]] = []
-        self._cv = threading.Condition()
-        self._seq = itertools.count()
-        self._stopping = False
-        self._token = anyio.lowlevel.current_token()
-        self._thread = threading.Thread(target=self._main, name=f"hetsched-{device.name}", daemon=True)
-        self.runs = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, job: _Job) -> None:
-        with self._cv:
-            heapq.heappush(self._heap, (job.priority, next(self._seq), job))
-            self._cv.notify()
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def _main(self) -> None:
-        pin_current_thread(self.device.cpus)
-        session = self._session
-        listeners = session._dispatch.listeners
-        before = listeners[Event.BEFORE_STAGE]
-        after = listeners[Event.AFTER_STAGE]
-        costs = session.costs
-        learn = session._learn_costs
-        while True:
-            with self._cv:
-                while not self._heap and not self._stopping:
-                    self._cv.wait()
-                if not self._heap:
-                    return
-                _, _, job = heapq.heappop(self._heap)
-            if job.cancelled:
-                continue
-            stage = job.stage
-            if before:
-                session._emit_sync(before, EventInfo(Event.BEFORE_STAGE, time.perf_counter(), job.request_id,
-                                                     Priority(job.priority), stage.spec.name, self.device.name))
-            t0 = time.perf_counter()
-            err: BaseException | None = None
-            result: Any = None
-            try:
-                result = stage.compiled.run(job.feeds)
-            except StageExecutionError as exc:
-                err = exc
-            except Exception as exc:  # a backend that did not translate its error
-                err = StageExecutionError(
-                    f"stage {stage.spec.name!r} failed on device {self.device.name!r}: {exc}",
-                    stage=stage.spec.name, device=self.device.name,
-                )
-                err.__cause__ = exc
-            elapsed = time.perf_counter() - t0
-            self.runs += 1
-            if err is None and learn:
-                costs.update(stage.key, self.device.name, elapsed, analytic_s=stage.analytic_s)
-            if after:
-                session._emit_sync(after, EventInfo(Event.AFTER_STAGE, time.perf_counter(), job.request_id,
-                                                    Priority(job.priority), stage.spec.name, self.device.name,
-                                                    elapsed_s=elapsed, error=err))
-            try:
-                anyio.from_thread.run_sync(job.done, result, err, token=self._token)
-            except RuntimeError:
-                # The event loop is gone (interpreter shutdown); nothing is waiting.
-                return
+_PRIORITIES = frozenset(int(p) for p in Priority)
 
 
 def _is_ort_form(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -169,29 +217,66 @@ def _is_ort_form(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
 
 
 class Session:
-    """Run an ONNX model across devices.
+    """Run an ONNX model across devices, many requests at once.
 
     ::
 
         async with hetsched.Session("model.onnx", devices=["cpu:0", "cpu:1"], policy="heft") as s:
-            outputs = await s.run({"x": x})            # {name: array}
-            y, = await s.run(None, {"x": x})           # onnxruntime's form: list in output order
+            outputs = await s.run({"x": x})                         # {name: array}, owned by the caller
+            y, = await s.run(None, {"x": x})                        # onnxruntime's form: list in output order
+            urgent = await s.run({"x": x}, priority=hetsched.Priority.HIGH)
+            with await s.run({"x": x}, zero_copy=True) as out:      # views of pool memory, no copy
+                use(out["y"])
             print(s.plan.table())
 
-    Everything the session starts (device threads, tasks) is stopped and joined when
+    Requests run concurrently: stages of different requests run at the same time on
+    different devices (pipelining); each device runs one stage at a time (unless its
+    backend gives it more workers, e.g. ``Device(..., options={"workers": "per-core"})``)
+    and always starts the most urgent ready stage next (the preemption point is the stage
+    boundary; see ``hetsched/_runtime/_scheduler.py`` for priorities and aging). At most
+    ``max_in_flight`` requests are admitted at once; the rest wait their turn. Cancelling a
+    ``run`` (an anyio cancel scope) drops its queued stages and returns its buffers to the
+    pools as soon as a stage of it that is already running ends; a failing stage fails only
+    its own request.
+
+    Hooks: ``BEFORE_STAGE``/``AFTER_STAGE`` run in the device's worker thread (``AFTER_STAGE``
+    carries ``extra=StageIO``: the addresses each input was read from and each output written
+    to); ``BEFORE_TRANSFER``/``AFTER_TRANSFER``/``PREEMPTED``/``RESUMED`` run on the event loop
+    with ``extra=TransferInfo`` and ``stage`` = the producing stage (``"feed"`` for an input).
+
+    Everything the session starts (device threads, transfers) is stopped and joined when
     the ``async with`` block exits, also on error or cancellation.
 
     :param model: a path, bytes or ``onnx.ModelProto``.
     :param devices: device specs or :class:`Device` objects (default: the host's CPU clusters).
     :param policy: a policy object, function or name (default ``PowerThermalWeighted()``).
     :param max_unit_nodes: cut unit subgraphs to at most this many nodes (1 = one node each).
-    :param root: the filesystem root for hardware discovery (a twin's root in tests).
+    :param root: the filesystem root for hardware discovery and ``dev/dma_heap`` (a twin's root in tests).
     :param hooks: objects with :class:`Hooks` methods.
     :param device_states: utilisation / headroom per device fed to the policy.
     :param costs: a :class:`CostTable` of measured costs (one is created otherwise).
     :param max_in_flight: requests admitted at once; more wait (backpressure).
+    :param learn_costs: fold every stage run's time into :attr:`costs` (in batches of 16 runs per
+        stage, and whatever is left when the workers stop).
+    :param topology: the memory domains and which share DRAM. Default: the host and every
+        device's ``memory_domain`` share memory (a unified-memory SoC, or this host), so no
+        tensor is ever copied between stages. With domains that do not share memory, tensors
+        crossing them go through the transfer engine at the request's priority.
+    :param priorities: False = plain FIFO by admission (for comparison); priorities are then
+        ignored by the device queues and by the transfer channels.
+    :param aging_s: seconds of waiting worth one priority level (a BACKGROUND request that waited
+        ``3 * aging_s`` longer than a REALTIME one goes first); None = no aging.
+    :param chunk_bytes: transfer granularity, i.e. how soon an urgent copy takes a busy channel.
+    :param copy_fn: the transfer engine's chunk copy (e.g. ``rate_limited_copy`` to model a board link).
+    :param pool_capacity_bytes: bound on the bytes each memory domain's pool holds (one value for
+        all, or per domain name; default unbounded). A stage that finds its pool full does not
+        wait: that run writes into backend-allocated outputs instead (``stage_runs_unbound``); a
+        transfer into a full domain waits for room (backpressure).
     :raises ModelError: the model could not be loaded (on ``__aenter__``).
     :raises PartitionError, PlacementError, DeviceSpecError, CompileError: planning failed.
+    :raises TransferError: a device's memory domain is not in ``topology``.
+    :raises BufferLeakError: on exit, pool buffers were still referenced (unreleased
+        :class:`Outputs`); the message names the stages that produced them.
     """
 
     def __init__(
@@ -207,9 +292,17 @@ class Session:
         costs: CostTable | None = None,
         max_in_flight: int = 64,
         learn_costs: bool = True,
+        topology: Topology | None = None,
+        priorities: bool = True,
+        aging_s: float | None = 0.5,
+        chunk_bytes: int = 1 << 20,
+        copy_fn: CopyFn | None = None,
+        pool_capacity_bytes: int | Mapping[str, int | None] | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if aging_s is not None and not aging_s > 0:
+            raise ValueError(f"aging_s must be positive or None, got {aging_s}")
         self._source = model
         self._device_specs = devices
         self._policy = policy
@@ -220,16 +313,32 @@ class Session:
         self.costs = costs if costs is not None else CostTable()
         self._learn_costs = learn_costs
         self._max_in_flight = max_in_flight
+        self._topology_arg = topology
+        self._priorities = priorities
+        self._aging_s = aging_s
+        self._chunk_bytes = chunk_bytes
+        self._copy_fn = copy_fn
+        self._pool_capacity = pool_capacity_bytes
         self._plan: Plan | None = None
         self._index: GraphIndex | None = None
-        self._stages: list[_CompiledStage] = []
-        self._workers: dict[str, _DeviceWorker] = {}
+        self._stages: list[StageRuntime] = []
+        self._scheduler: Scheduler | None = None
+        self._engine: TransferEngine | None = None
+        self._pools: dict[str, BufferPool] = {}
+        self._topology: Topology | None = None
+        self._host = "host"
         self._open = False
-        self._limiter: anyio.Semaphore | None = None
+        self._limiter: Admission | None = None
         self._ids = itertools.count(1)
         self._stats = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0}
         self._in_flight = 0
+        self._peak_in_flight = 0
         self._constants: dict[str, Any] = {}
+        self._output_source: dict[str, int | None] = {}
+        self._retired_runs = 0
+        self._feed_specs: dict[str, Any] = {}
+        self._required: tuple[str, ...] = ()
+        self._all_outputs: tuple[str, ...] = ()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -237,10 +346,31 @@ class Session:
         if self._open:
             raise RuntimeStateError("Session is already open")
         self._index = await anyio.to_thread.run_sync(self._load)
+        self._feed_specs = self._feed_specs_for(self._index)
+        self._all_outputs = tuple(self._index.graph_outputs)
+        self._required = tuple(self._index.required_inputs)
         self._devices = resolve_devices(self._device_specs, root=self._root)
-        await self._replan()
-        self._limiter = anyio.Semaphore(self._max_in_flight)
-        self._start_workers()
+        self._topology, self._host = self._make_topology(self._devices)
+        self._retired_runs = 0
+        try:
+            self._pools = pools_for(self._topology, capacity_bytes=self._pool_capacity, root=self._root)
+            # a custom copy (a DMA wait, a modelled link) may block: never run it on the event loop
+            inline = {} if self._copy_fn is None else {"inline_bytes": 0}
+            self._engine = TransferEngine(self._topology, self._pools, chunk_bytes=self._chunk_bytes,
+                                          copy_fn=self._copy_fn, hooks=_TransferEvents(self._dispatch), **inline)
+            await self._engine.__aenter__()
+            self._scheduler = Scheduler(
+                pools=self._pools, topology=self._topology, host=self._host, engine=self._engine,
+                dispatch=self._dispatch, costs=self.costs, learn_costs=self._learn_costs,
+                priorities=self._priorities, aging_s=self._aging_s,
+            )
+            await self._replan()
+            self._limiter = Admission(self._max_in_flight)
+            self._start_workers()
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._shutdown(exc)
+            raise
         self._open = True
         self._emit(Event.SESSION_START)
         return self
@@ -249,9 +379,51 @@ class Session:
                         tb: TracebackType | None) -> None:
         with anyio.CancelScope(shield=True):
             self._open = False
-            await self._stop_workers()
-            self._close_stages()
-            self._emit(Event.SESSION_END, error=exc)
+            leak = await self._shutdown(exc)
+            self._emit(Event.SESSION_END, error=exc or leak)
+        if leak is not None and exc is None:
+            raise leak
+
+    async def _shutdown(self, exc: BaseException | None) -> BufferLeakError | None:
+        """Stop workers, close stages, the engine and the pools; returns the pools' leak report."""
+        await self._stop_workers()
+        self._close_stages()
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.__aexit__(None, None, None)
+        leaks: list[BufferLeakError] = []
+        for pool in self._pools.values():
+            try:
+                pool.close()
+            except BufferLeakError as err:
+                leaks.append(err)
+        if not leaks:
+            return None
+        labels = [lbl for e in leaks for lbl in getattr(e, "labels", [])]
+        stages = sorted({lbl.split(":", 1)[0] for lbl in labels})
+        err = BufferLeakError(f"session closed with buffers still referenced, produced by stage(s) {stages}: "
+                              + "; ".join(str(e) for e in leaks))
+        err.labels = labels  # type: ignore[attr-defined]
+        err.stages = stages  # type: ignore[attr-defined]
+        return err
+
+    def _make_topology(self, devices: Sequence[Device]) -> tuple[Topology, str]:
+        topo = self._topology_arg
+        if topo is None:
+            names = list(dict.fromkeys(["host", *(d.memory_domain for d in devices)]))
+            doms = [MemoryDomain("host", MemoryKind.HOST)] + [MemoryDomain(n, MemoryKind.DEVICE) for n in names[1:]]
+            return Topology(doms, shared=[names]), "host"
+        known = {d.name for d in topo.domains}
+        for dev in devices:
+            if dev.memory_domain not in known:
+                raise TransferError(f"device {dev.name!r} writes memory domain {dev.memory_domain!r}, which the "
+                                    f"topology lacks (it has {sorted(known)})")
+        if "host" in known:
+            return topo, "host"
+        host = next((d.name for d in topo.domains if d.kind is MemoryKind.HOST), None)
+        if host is None:
+            raise TransferError(f"the topology has no host memory domain for feeds and outputs: {topo!r}")
+        return topo, host
 
     def _load(self) -> GraphIndex:
         model = load_model(self._source)
@@ -262,19 +434,26 @@ class Session:
         return index
 
     def _start_workers(self) -> None:
-        assert self._plan is not None
-        for dev in self._devices:
-            w = _DeviceWorker(dev, self)
-            w.start()
-            self._workers[dev.name] = w
+        assert self._plan is not None and self._scheduler is not None
+
+        def worker_cpus(dev: Device) -> Sequence[tuple[int, ...]]:
+            fn = getattr(get_backend(dev.backend), "worker_cpus", None)
+            return fn(dev) if fn is not None else [tuple(dev.cpus)]
+
+        self._scheduler.start(self._devices, worker_cpus)
 
     async def _stop_workers(self) -> None:
-        workers = list(self._workers.values())
-        for w in workers:
-            w.stop()
+        if self._scheduler is None:
+            return
+        workers = self._scheduler.stop()
         for w in workers:
             await anyio.to_thread.run_sync(w.join)
-        self._workers.clear()
+            self._retired_runs += w.runs
+        self._scheduler.flush_costs()
+        for w in workers:
+            # requests still queued (run from tasks outside the session's block, or during a
+            # re-plan) fail instead of waiting forever
+            self._scheduler.abort(w.drain(), RuntimeStateError("the session stopped its device workers"))
 
     def _close_stages(self) -> None:
         for st in self._stages:
@@ -292,11 +471,13 @@ class Session:
         for st in old:
             st.compiled.close()
         self._output_source = self._output_sources(plan)
+        assert self._scheduler is not None
+        self._scheduler.set_stages(stages, self._output_source)
 
-    def _compile(self, index: GraphIndex, plan: Plan) -> list[_CompiledStage]:
+    def _compile(self, index: GraphIndex, plan: Plan) -> list[StageRuntime]:
         by_name = {d.name: d for d in plan.devices}
         node_costs = analytic_node_costs(index)
-        out: list[_CompiledStage] = []
+        out: list[StageRuntime] = []
         try:
             for spec in plan.stages:
                 dev = by_name[spec.device]
@@ -305,7 +486,7 @@ class Session:
                 flops = sum(node_costs[n].flops for n in spec.nodes)
                 nbytes = sum(node_costs[n].bytes for n in spec.nodes)
                 est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
-                out.append(_CompiledStage(spec, compiled, unit_key(index, spec.nodes), est))
+                out.append(StageRuntime(spec, compiled, unit_key(index, spec.nodes), est, dev.memory_domain))
         except BaseException:
             for st in out:
                 st.compiled.close()
@@ -334,6 +515,18 @@ class Session:
     def devices(self) -> list[Device]:
         return list(self._devices)
 
+    @property
+    def topology(self) -> Topology:
+        """The memory domains in use and which of them share memory."""
+        if self._topology is None:
+            raise RuntimeStateError("Session.topology is available inside 'async with Session(...)'")
+        return self._topology
+
+    @property
+    def pools(self) -> Mapping[str, BufferPool]:
+        """The buffer pool of each memory domain, by domain name."""
+        return MappingProxyType(self._pools)
+
     def get_inputs(self) -> list[onnx.ValueInfoProto]:
         """Inputs that must be fed (graph inputs without an initializer), as onnxruntime lists them."""
         index = self._require_index()
@@ -349,30 +542,57 @@ class Session:
         return self._index
 
     def statistics(self) -> SessionStatistics:
+        """A snapshot of requests, stage runs, the pools and the transfer engine."""
+        sch = self._scheduler
+        workers = sch.workers if sch is not None else {}
         return SessionStatistics(
             requests_started=self._stats["started"],
             requests_completed=self._stats["completed"],
             requests_failed=self._stats["failed"],
             requests_cancelled=self._stats["cancelled"],
             in_flight=self._in_flight,
-            stage_runs=sum(w.runs for w in self._workers.values()),
+            stage_runs=self._retired_runs + (sum(w.runs for w in sch.unique_workers()) if sch is not None else 0),
             stages=len(self._stages),
-            devices=len(self._workers),
+            devices=len(workers),
+            max_in_flight=self._max_in_flight,
+            peak_in_flight=self._peak_in_flight,
+            queued_stages=sch.queued() if sch is not None else 0,
+            stage_runs_bound=sch.stage_runs_bound if sch is not None else 0,
+            stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
+            stage_runs_to_caller=sch.stage_runs_to_caller if sch is not None else 0,
+            unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in self._stages
+                                             if not st.bound}),
+            bytes_copied_to_caller=sch.bytes_to_caller if sch is not None else 0,
+            bytes_staged=sch.bytes_staged if sch is not None else 0,
+            pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
+            transfers=self._engine.statistics() if self._engine is not None else None,
         )
 
-    async def run(self, *args: Any, priority: Priority | int = Priority.NORMAL, **kwargs: Any) -> Any:
+    async def run(self, *args: Any, priority: Priority | int = Priority.NORMAL, zero_copy: bool = False,
+                  **kwargs: Any) -> Any:
         """Run one request.
 
         ``await s.run(feeds)`` returns ``{output name: array}``;
         ``await s.run(output_names, input_feed)`` (onnxruntime's form; ``None`` = all
-        outputs) returns a list in ``output_names`` order.
+        outputs) returns a list in ``output_names`` order. The arrays are the caller's:
+        each pool-backed output was copied exactly once out of the pool.
 
+        With ``zero_copy=True`` either form returns :class:`Outputs` (in the requested
+        order): read-only views of the pool memory the stages wrote, valid until
+        ``release()``; nothing is copied.
+
+        :param priority: :class:`Priority` (or its int); more urgent requests' stages start
+            first on every device and their transfers preempt less urgent ones.
         :raises InputError: unknown or missing input, wrong dtype or shape (names the input).
         :raises StageExecutionError: a stage failed (names stage and device); other
             requests are unaffected.
+        :raises TransferError: moving a tensor between memory domains failed.
         :raises RuntimeStateError: the session is not open.
+        :raises ValueError: ``priority`` is not a :class:`Priority`.
         """
-        if _is_ort_form(args, kwargs):
+        if len(args) == 1 and not kwargs:  # the common form, parsed without the generic path
+            feeds, output_names, ort_form = args[0], None, False
+        elif _is_ort_form(args, kwargs):
             output_names = kwargs.pop("output_names", args[0] if args else None)
             feeds = kwargs.pop("input_feed", args[1] if len(args) > 1 else None)
             ort_form = True
@@ -386,53 +606,80 @@ class Session:
             raise TypeError(f"run() got unexpected keyword arguments {sorted(kwargs)}")
         if not self._open or self._limiter is None:
             raise RuntimeStateError("Session is not open: use 'async with Session(...)' before run()")
-        index = self._require_index()
         feeds = self._check_feeds(feeds)
-        wanted = list(index.graph_outputs) if output_names is None else list(output_names)
-        for name in wanted:
-            if name not in self._output_source:
-                raise InputError(f"unknown output name {name!r}; the model's outputs are {index.graph_outputs}")
-        prio = int(Priority(priority))
-        async with self._limiter:
-            result = await self._execute(feeds, wanted, prio)
-        if ort_form:
+        if output_names is None:
+            wanted: Sequence[str] = self._all_outputs
+        else:
+            wanted = list(output_names)
+            source = self._output_source
+            for name in wanted:
+                if name not in source:
+                    raise InputError(f"unknown output name {name!r}; the model's outputs are "
+                                     f"{self._require_index().graph_outputs}")
+        prio = int(priority if priority in _PRIORITIES else Priority(priority))
+        limiter = self._limiter
+        if not limiter.try_acquire():
+            await limiter.acquire()
+        try:
+            result = await self._execute(feeds, wanted, prio, zero_copy)
+        finally:
+            limiter.release()
+        if ort_form and not zero_copy:
             return [result[n] for n in wanted]
         return result
+
+    def _feed_specs_for(self, index: GraphIndex) -> dict[str, tuple[np.dtype[Any] | None, tuple[int | None, ...] | None,
+                                                                   list[Any]] | None]:
+        """Per graph input: (dtype, fixed dims (None = any), shape as displayed), None for non-tensors."""
+        specs: dict[str, Any] = {}
+        for name in index.graph_inputs:
+            t = index.value_info[name].type
+            if t.WhichOneof("value") != "tensor_type":
+                specs[name] = None
+                continue
+            expected = _np_dtype(t.tensor_type.elem_type)
+            dims: tuple[int | None, ...] | None = None
+            shown: list[Any] = []
+            if t.tensor_type.HasField("shape"):
+                ds = t.tensor_type.shape.dim
+                dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in ds)
+                shown = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in ds]
+            specs[name] = (expected, dims, shown)
+        return specs
 
     def _check_feeds(self, feeds: Any) -> dict[str, Any]:
         index = self._require_index()
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
-        known = set(index.graph_inputs)
-        unknown = [k for k in feeds if k not in known]
-        if unknown:
-            raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {index.required_inputs}")
-        missing = [n for n in index.required_inputs if n not in feeds]
+        specs = self._feed_specs
+        if len(feeds) < len(self._required) or any(k not in specs for k in feeds):
+            unknown = [k for k in feeds if k not in specs]
+            if unknown:
+                raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {index.required_inputs}")
+        missing = [n for n in self._required if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {missing}; the model's inputs are {index.required_inputs}")
         out: dict[str, Any] = {}
         for name, value in feeds.items():
-            t = index.value_info[name].type
-            if t.WhichOneof("value") != "tensor_type":
+            spec = specs[name]
+            if spec is None:
                 out[name] = value  # sequences, maps, optionals: passed through as onnxruntime does
                 continue
-            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-            expected = _np_dtype(t.tensor_type.elem_type)
+            arr = value if type(value) is np.ndarray else np.asarray(value)
+            expected, dims, shown = spec
             if expected is not None and arr.dtype != expected and not (
                 expected.kind in "OSU" and arr.dtype.kind in "OSU"
             ):
                 raise InputError(f"input {name!r}: expected dtype {expected}, got {arr.dtype}")
-            if t.tensor_type.HasField("shape"):
-                dims = t.tensor_type.shape.dim
-                if len(dims) != arr.ndim:
-                    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
-                    raise InputError(f"input {name!r}: expected shape {shape} (rank {len(dims)}), "
-                                     f"got {list(arr.shape)} (rank {arr.ndim})")
-                for axis, (d, n) in enumerate(zip(dims, arr.shape)):
-                    if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != n:
-                        shape = [x.dim_value if x.HasField("dim_value") else (x.dim_param or "?") for x in dims]
-                        raise InputError(f"input {name!r}: expected shape {shape}, got {list(arr.shape)} "
-                                         f"(axis {axis}: {d.dim_value} != {n})")
+            if dims is not None:
+                shape = arr.shape
+                if len(dims) != len(shape):
+                    raise InputError(f"input {name!r}: expected shape {shown} (rank {len(dims)}), "
+                                     f"got {list(shape)} (rank {arr.ndim})")
+                for axis, (d, n) in enumerate(zip(dims, shape)):
+                    if d is not None and d != n:
+                        raise InputError(f"input {name!r}: expected shape {shown}, got {list(shape)} "
+                                         f"(axis {axis}: {d} != {n})")
             out[name] = arr
         return out
 
@@ -443,104 +690,71 @@ class Session:
             for fn in listeners:
                 fn(info)
 
-    def _emit_sync(self, listeners: tuple[Callable[[EventInfo], None], ...], info: EventInfo) -> None:
-        for fn in listeners:
-            fn(info)
-
-    def _needed_stages(self, wanted: Sequence[str]) -> list[_CompiledStage]:
-        needed: set[int] = set()
-        stack = [self._output_source[n] for n in wanted if self._output_source.get(n) is not None]
-        specs = self._stages
-        while stack:
-            sid = stack.pop()
-            if sid is None or sid in needed:
-                continue
-            needed.add(sid)
-            stack.extend(specs[sid].spec.deps)
-        return [s for s in specs if s.spec.id in needed]
-
-    async def _execute(self, feeds: dict[str, Any], wanted: list[str], priority: int) -> dict[str, Any]:
+    async def _execute(self, feeds: dict[str, Any], wanted: Sequence[str], priority: int,
+                       zero_copy: bool) -> Any:
         rid = next(self._ids)
-        self._stats["started"] += 1
+        stats = self._stats
+        stats["started"] += 1
         self._in_flight += 1
-        self._emit(Event.REQUEST_START, request_id=rid, priority=Priority(priority))
+        if self._in_flight > self._peak_in_flight:
+            self._peak_in_flight = self._in_flight
+        if self._dispatch.listeners[Event.REQUEST_START]:
+            self._emit(Event.REQUEST_START, request_id=rid, priority=Priority(priority))
         error: BaseException | None = None
+        sch = self._scheduler
+        assert sch is not None
         try:
-            values = dict(feeds)
-            stages = self._needed_stages(wanted)
-            if stages:
-                await self._run_stages(stages, values, rid, priority)
-            result: dict[str, Any] = {}
-            for n in wanted:
-                if n in values:
-                    result[n] = values[n]
-                elif n in self._constants:
-                    result[n] = self._constants[n]
-                else:
-                    raise InputError(f"output {n!r} is an optional input that was not fed")
-            self._stats["completed"] += 1
+            req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy)
+            await sch.execute(req)
+            result = self._deliver(sch, sch.take_outputs(req), zero_copy)
+            stats["completed"] += 1
             return result
         except anyio.get_cancelled_exc_class() as exc:
-            self._stats["cancelled"] += 1
+            stats["cancelled"] += 1
             error = exc
             raise
         except BaseException as exc:
-            self._stats["failed"] += 1
+            stats["failed"] += 1
             error = exc
             raise
         finally:
             self._in_flight -= 1
-            self._emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error)
+            if self._dispatch.listeners[Event.REQUEST_END]:
+                self._emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error)
 
-    async def _run_stages(self, stages: list[_CompiledStage], values: dict[str, Any], rid: int,
-                          priority: int) -> None:
-        pending = {s.spec.id: s for s in stages}
-        waiting_on = {s.spec.id: len(s.spec.deps) for s in stages}
-        dependents: dict[int, list[int]] = {}
-        for s in stages:
-            for d in s.spec.deps:
-                dependents.setdefault(d, []).append(s.spec.id)
-        send, recv = anyio.create_memory_object_stream[tuple[int, Any, BaseException | None]](math.inf)
-        jobs: list[_Job] = []
-
-        def submit(st: _CompiledStage) -> None:
-            sid = st.spec.id
-
-            def done(result: Any, err: BaseException | None) -> None:
-                try:
-                    send.send_nowait((sid, result, err))
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    pass  # the request was cancelled or failed meanwhile
-
-            feeds = {n: values[n] for n in st.spec.inputs if n in values and n in st.input_names}
-            job = _Job(st, feeds, done, rid, priority)
-            jobs.append(job)
-            self._workers[st.spec.device].submit(job)
-
-        outstanding = 0
-        try:
-            with send, recv:
-                for sid, st in pending.items():
-                    if waiting_on[sid] == 0:
-                        submit(st)
-                        outstanding += 1
-                while outstanding:
-                    sid, result, err = await recv.receive()
-                    outstanding -= 1
-                    if err is not None:
-                        raise err
-                    st = pending[sid]
-                    for name, value in zip(st.output_names, result):
-                        values[name] = value
-                    for dep in dependents.get(sid, ()):
-                        if dep in waiting_on:
-                            waiting_on[dep] -= 1
-                            if waiting_on[dep] == 0:
-                                submit(pending[dep])
-                                outstanding += 1
-        finally:
-            for job in jobs:
-                job.cancelled = True
+    def _deliver(self, sch: Scheduler, pairs: list[tuple[str, Any]], zero_copy: bool) -> Any:
+        """Hand the wanted values over: one copy out of the pool each, or zero-copy views."""
+        missing = [n for n, obj in pairs if obj is _MISSING and n not in self._constants]
+        if missing:
+            for _, obj in pairs:
+                if type(obj) is TensorBuffer:
+                    obj.release()
+            raise InputError(f"output {missing[0]!r} is an optional input that was not fed")
+        out: dict[str, Any] = {}
+        if zero_copy:
+            bufs: list[TensorBuffer] = []
+            for name, obj in pairs:
+                if type(obj) is TensorBuffer:
+                    view = obj.array().view()
+                    view.flags.writeable = False
+                    out[name] = view
+                    bufs.append(obj)
+                else:
+                    out[name] = self._constants[name] if obj is _MISSING else obj
+            return Outputs(out, bufs)
+        copied = 0
+        for name, obj in pairs:
+            if type(obj) is TensorBuffer:
+                arr = obj.array().copy()  # the one documented copy; the buffer goes back to the pool
+                obj.release()
+                copied += arr.nbytes
+                out[name] = arr
+            else:
+                out[name] = self._constants[name] if obj is _MISSING else obj
+        if copied:
+            with sch._lock:
+                sch.bytes_to_caller += copied
+        return out
 
     async def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3) -> CostTable:
         """Measure every unit on every capable device, then re-plan with the measurements.
@@ -666,6 +880,7 @@ class SyncSession:
         return self._session
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`Session.run`, blocking (``priority=`` and ``zero_copy=`` as there)."""
         if self._portal is None:
             raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
         return self._portal.call(lambda: self._session.run(*args, **kwargs))

@@ -1,4 +1,4 @@
-"""Runtime internals: memory domains, zero-copy buffer pools and the transfer engine.
+"""Runtime internals: memory domains, zero-copy buffer pools, the transfer engine and the scheduler.
 
 Internal package: the public names are re-exported by :mod:`hetsched`.
 """
@@ -16,6 +16,7 @@ from ._buffers import (
     size_class,
 )
 from ._domains import MemoryDomain, MemoryKind, Topology
+from ._scheduler import StageIO
 from ._transfer import (
     ChannelStatistics,
     CopyFn,
@@ -38,6 +39,7 @@ __all__ = [
     "MemoryKind",
     "PoolStatistics",
     "SharedHandle",
+    "StageIO",
     "TensorBuffer",
     "Topology",
     "TransferEngine",

@@ -217,7 +217,7 @@ class _Slab:
 
 
 class _Block:
-    __slots__ = ("data", "offset", "ptr", "size", "slab")
+    __slots__ = ("data", "offset", "ptr", "size", "slab", "views")
 
     def __init__(self, slab: _Slab, offset: int, size: int) -> None:
         assert slab.base is not None
@@ -226,6 +226,18 @@ class _Block:
         self.size = size
         self.data = slab.base[offset : offset + size]
         self.ptr = slab.ptr + offset
+        # typed views of this block by (dtype, shape): a recycled block serving the same stage
+        # output again hands out the same view instead of building three new array objects
+        self.views: dict[tuple[np.dtype[Any], tuple[int, ...]], np.ndarray[Any, Any]] = {}
+
+    def view(self, dtype: np.dtype[Any], shape: tuple[int, ...], nbytes: int) -> np.ndarray[Any, Any]:
+        key = (dtype, shape)
+        v = self.views.get(key)
+        if v is None:
+            if len(self.views) >= 8:  # a block serves few shapes; bound the cache anyway
+                self.views.clear()
+            v = self.views[key] = self.data[:nbytes].view(dtype).reshape(shape)
+        return v
 
 
 # -- the handle -----------------------------------------------------------------
@@ -361,7 +373,7 @@ class TensorBuffer:
         if dtype is None and shape is None:
             v = self._view
             if v is None:
-                v = self._view = block.data[: self.nbytes].view(self.dtype).reshape(self.shape)
+                v = self._view = block.view(self.dtype, self.shape, self.nbytes)
             return v
         dt = self.dtype if dtype is None else np.dtype(dtype)
         shp = (self.nbytes // dt.itemsize,) if shape is None else tuple(int(s) for s in shape)

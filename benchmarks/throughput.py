@@ -1,0 +1,168 @@
+"""Throughput of a stream of requests on all host cores: hetsched vs the best bare onnxruntime setup.
+
+Three ways to serve the same stream of single-image requests of a light model (weights
+folded, ``benchmarks/_light.py``), interleaved round by round so load from elsewhere on this
+shared machine hits them alike:
+
+* ``ort_all_threads``: one ``InferenceSession`` with one intra-op thread per core (the CPU
+  backend's options for a device of all cores: affinities, spinning), called back to back;
+* ``ort_per_core``: one single-threaded session per core, each driven by its own thread
+  pinned to its core, requests dealt round-robin (request ``i`` to session ``i % cores``);
+* ``hetsched``: ``Session`` with one CPU device of all cores and ``workers="per-core"`` (one
+  pinned worker per core running whole stages, single-threaded), fed by ``--clients``
+  concurrent tasks; each worker takes the most urgent (here: oldest) ready request.
+
+Also measured: ``hetsched_pipeline``, the model split into one stage per core (contiguous
+units balanced by profiled cost), each on a single-core device: a pipeline rather than data
+parallelism, for information.
+
+Field ``ratio_vs_ort_best`` = hetsched requests/s over the better of the two onnxruntime
+setups (medians over rounds), target >= 1.0.
+
+    .venv/bin/python benchmarks/throughput.py [--requests 60] [--rounds 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import onnxruntime as ort
+
+from hetsched import Device, Session
+from hetsched.backends.cpu import CpuBackend, pin_current_thread
+from hetsched.policies import Pinned
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _light import folded, random_feeds  # noqa: E402
+
+
+def ort_all_threads(sess: ort.InferenceSession, feeds: dict[str, Any], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sess.run(None, feeds)
+    return n / (time.perf_counter() - t0)
+
+
+def ort_per_core(sessions: list[tuple[int, ort.InferenceSession]], feeds: dict[str, Any], n: int) -> float:
+    k = len(sessions)
+    start = threading.Barrier(k + 1)
+
+    def drive(core: int, sess: ort.InferenceSession, count: int) -> None:
+        pin_current_thread((core,))
+        start.wait()
+        for _ in range(count):
+            sess.run(None, feeds)
+
+    threads = [threading.Thread(target=drive, args=(c, s, len(range(i, n, k)))) for i, (c, s) in enumerate(sessions)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return n / (time.perf_counter() - t0)
+
+
+async def through_session(s: Session, feeds: dict[str, Any], n: int, clients: int) -> float:
+    left = n
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await s.run(feeds)
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(clients):
+            tg.start_soon(client)
+    return n / (time.perf_counter() - t0)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    model = folded(args.model)
+    feeds = random_feeds(model)
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    backend = CpuBackend()
+    all_dev = Device(name="all", cpus=cpus)
+    one = ort.InferenceSession(model.SerializeToString(), sess_options=backend.session_options(all_dev),
+                               providers=["CPUExecutionProvider"])
+    per_core = [(c, ort.InferenceSession(model.SerializeToString(),
+                                         sess_options=backend.session_options(Device(name=f"c{c}", cpus=(c,))),
+                                         providers=["CPUExecutionProvider"])) for c in cpus]
+    workers = Device(name="cpus", cpus=cpus, options={"workers": "per-core"})
+    singles = [Device(name=f"cpu:{c}", cpus=(c,)) for c in cpus]
+    n = args.requests
+    rates: dict[str, list[float]] = {"ort_all_threads": [], "ort_per_core": [], "hetsched": [], "hetsched_pipeline": []}
+    units = math.ceil(len(model.graph.node) / 16)
+    async with Session(model, devices=singles[:1], max_unit_nodes=units) as probe:
+        await probe.profile(feeds, repeats=3)
+        cost = [probe.plan.problem.cost[(u.id, singles[0].name)] for u in probe.plan.units]
+    # a pipeline as balanced as contiguous units allow: stage i gets units [cuts[i], cuts[i+1])
+    total, acc, cuts = sum(cost), 0.0, [0]
+    for i, c in enumerate(cost):
+        acc += c
+        if len(cuts) < len(singles) and acc >= total * len(cuts) / len(singles):
+            cuts.append(i + 1)
+
+    def pipeline(u: Any) -> str:
+        return singles[sum(1 for c in cuts[1:] if u.id >= c)].name
+
+    async with (
+        Session(model, devices=[workers], max_in_flight=4 * len(cpus)) as dp,
+        Session(model, devices=singles, policy=Pinned(pipeline), max_unit_nodes=units,
+                max_in_flight=4 * len(cpus)) as pipe,
+    ):
+        pipe_stages = [(st.device, len(st.nodes)) for st in pipe.plan.stages]
+        for s in (dp, pipe):
+            await through_session(s, feeds, 4 * len(cpus), args.clients)
+        ort_all_threads(one, feeds, 4)
+        ort_per_core(per_core, feeds, 2 * len(cpus))
+        kinds = list(rates)
+        for r in range(args.rounds):
+            for k in kinds[r % 4:] + kinds[: r % 4]:
+                if k == "ort_all_threads":
+                    rates[k].append(ort_all_threads(one, feeds, n))
+                elif k == "ort_per_core":
+                    rates[k].append(ort_per_core(per_core, feeds, n))
+                elif k == "hetsched":
+                    rates[k].append(await through_session(dp, feeds, n, args.clients))
+                else:
+                    rates[k].append(await through_session(pipe, feeds, n, args.clients))
+        st = dp.statistics()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    best_ort = max(med["ort_all_threads"], med["ort_per_core"])
+    # paired per round: each round's hetsched rate over that round's best onnxruntime rate
+    paired = [h / max(a, b) for h, a, b in zip(rates["hetsched"], rates["ort_all_threads"], rates["ort_per_core"])]
+    return {
+        "model": args.model,
+        "cores": list(cpus),
+        "requests_per_round": n,
+        "rounds": args.rounds,
+        "clients": args.clients,
+        "req_per_s": {k: round(v, 2) for k, v in med.items()},
+        "pipeline_stages": pipe_stages,
+        "hetsched_peak_in_flight": st.peak_in_flight,
+        "ratio_paired_median": round(statistics.median(paired), 4),
+        "pipeline_ratio_vs_ort_best": round(med["hetsched_pipeline"] / best_ort, 4),
+        "ratio_vs_ort_best": round(med["hetsched"] / best_ort, 4),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="squeezenet")
+    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--clients", type=int, default=8)
+    print(json.dumps(anyio.run(main, ap.parse_args())))
