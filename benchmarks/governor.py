@@ -6,19 +6,34 @@ each on a fresh :class:`~hetsched._twin.sim.SimBoard`:
 
 * ``hetsched``    the phase-aware governor with a profile auto-tuned on the board
                   (one-off calibration run, saved as JSON and reloaded), thermal guard on;
-* ``performance`` every domain at its top clock (jetson_clocks-like);
+* ``performance`` Orin: ``jetson_clocks`` (CPU/GPU/EMC pinned at max, cpuidle deep states
+                  disabled, GPU railgating off); RK3588: the ``performance`` cpufreq/devfreq
+                  governors (clocks at max, gating and cpuidle untouched);
 * ``powersave``   every domain at its lowest clock;
-* ``kernel``      kernel-like ``schedutil`` (CPUs) + ``simple_ondemand`` (devfreq; the EMC keeps
-                  its board governor where simple_ondemand is not offered), as the twin models them;
+* ``kernel``      the vendor's kernel DVFS (dvfs.md §5 baseline 1): ``schedutil`` on the CPUs,
+                  the board's devfreq/EMC governors (RK3588 Mali ``simple_ondemand`` 30/10,
+                  ``rknpu_ondemand``, ``dmc_ondemand``; Orin ``nvhost_podgov`` + BPMP EMC);
 * ``best_static`` the single operating point with the least energy within the slowdown bound,
                   found by a coordinate-descent sweep of whole iterations;
 * ``oracle``      static per-phase points (the tuned profile's, switch costs charged), no guard.
 
-Energy is the board input (VDD_IN / modelled board total), time is the time to finish the
-fixed amount of work (for inference, the busy time: idle gaps are fixed and excluded),
-EDP = energy x time, peak temperature and throttle events are the twin's (noise-free).
+Energy is the board input (VDD_IN / modelled board total) over the whole run, idle gaps
+included; ``busy_s`` is the time the work itself took (for the frame-paced inference stream
+the run's length is fixed by the frame rate, so busy time is what a policy slows down, and
+``miss`` counts frames that overran their period); EDP = energy x busy time; peak
+temperature and throttle events are the twin's (noise-free).
 Prints a table, then one JSON line with the summary fields (worst case over boards and
-workloads).
+workloads; per case in ``cases``, with ``deadline_misses`` and ``energy_vs_oracle``).
+
+What the twin says (closing notes): the frame-paced 30 fps inference stream keeps both
+boards below their trips even under ``performance`` at 45 C (~64-66 C peak), so only the
+training loops are hot enough for ``performance`` to throttle; the summary's
+``performance_throttle_events`` (the minimum over cases) is then 0. The energy targets
+are bounded by what the bound leaves: within 4-5 % slowdown the per-phase static oracle
+itself reaches only ~0.80-0.89 of ``performance``'s energy (board static power, leakage,
+and time growing ~1/f in the compute-bound phases), and in the inference frame the slow
+domains (Jetson GPU 5 ms, EMC 8 ms; RK3588 DMC 5 ms) cannot switch inside a phase, so the
+phase-aware governor can only match the best static point there.
 
 Run: ``python benchmarks/governor.py [--quick]``.
 """
@@ -28,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import tempfile
 import time
@@ -62,21 +76,32 @@ Step = tuple[Phase, PhaseWork]
 # workers need roughly half to two thirds of the GPU step's time, so they keep ahead), and the
 # main thread keeps a big core busy. DATA is the part of the batch preparation the GPU has to
 # wait for (CPU-bound). FORWARD is GPU-bound, BACKWARD memory-bound (about 3.5x the forward's
-# DRAM traffic), OPTIMIZER_STEP a short memory-bound update plus host sync.
+# DRAM traffic), OPTIMIZER_STEP a short memory-bound update plus host sync. Training runs
+# back to back: no idle gaps.
 #
-# Inference: two camera streams. Preprocess (resize/normalise on the big cores), the model
-# (RK3588: a detector on the NPU plus a small classifier on the Mali GPU; Orin: the GPU)
-# while the CPUs decode/pre/post-process the other stream, postprocess (NMS) on the CPU,
-# then an idle gap until the next frame (seeded uniform 5-25 ms).
+# Inference: one 30 fps camera (a frame every 33.3 ms, the common camera rate), each frame
+# preprocessed on the big cores (letterbox/normalise of a 1080p frame, ~2-3 ms), run through
+# a detector, postprocessed (NMS, ~1 ms), then the board waits for the next frame: the gap is
+# whatever is left of the frame period (none if a frame runs late; counted as a deadline
+# miss). The detector is sized from the reference's figures, not to make any policy look good:
+#   * RK3588: the seeds-digest §B split of one detector frame: NPU 68 % of the work (8.2 ms),
+#     Mali GPU 20 % (11.7 ms, in parallel), big cores 12 %: ~12 ms at the top clocks;
+#   * Orin NX: YOLOv5s INT8 at 640x640, i.e. 4x the 320x320 frame the twin is calibrated on
+#     (benchmarks/twin_calibration.py YOLO_FRAME: 2.0e6 GPU cycles, 60 MB DRAM, 0.8 ms fixed):
+#     8e6 GPU cycles and 240 MB per frame, ~9.5 ms at the top clocks.
+# So a frame keeps the board busy for about 40-50 % of the period at the top clocks: the
+# headroom a deployment keeps so that a frame still fits when the clocks are lowered or
+# throttled. The idle half is where baselines differ most: `performance` on Orin
+# (jetson_clocks) keeps the GPU powered and the CPUs out of deep idle through it.
 #
-# Ambient is 45 C: an edge box in a closed enclosure / outdoor cabinet. With these loads the
-# RK3588 twin (bare board, 5.5 K/W package) and the Orin NX twin (87 C trips) throttle under
-# `performance` within the 10 minutes; at 25 C neither would (see the closing notes).
+# Ambient is 45 C: an edge box in a closed enclosure / outdoor cabinet.
 
 AMBIENT_C = 45.0
+FRAME_PERIOD_S = 1.0 / 30.0
 
 
-def workloads(soc: str) -> dict[str, tuple[list[Step], Callable[[random.Random], float] | None]]:
+def workloads(soc: str) -> dict[str, tuple[list[Step], float | None]]:
+    """Per workload: the phases of one iteration, and the frame period (None: back to back)."""
     if soc == "rk3588":
         train = [
             (Phase.DATA, PhaseWork({"cluster0": 50 * M, "cluster4": 70 * M, "cluster6": 70 * M}, 0.3 * G, overlap=0.9)),
@@ -85,9 +110,9 @@ def workloads(soc: str) -> dict[str, tuple[list[Step], Callable[[random.Random],
             (Phase.OPTIMIZER_STEP, PhaseWork({"gpu": 6 * M, "cluster4": 10 * M}, 0.5 * G, fixed_s=0.008, overlap=0.9)),
         ]
         infer = [
-            (Phase.PREPROCESS, PhaseWork({"cluster4": 25 * M, "cluster6": 25 * M}, 0.06 * G, overlap=0.9)),
-            (Phase.INFER, PhaseWork({"npu": 40 * M, "gpu": 30 * M, "cluster0": 50 * M, "cluster4": 55 * M, "cluster6": 55 * M}, 0.7 * G, overlap=0.9)),
-            (Phase.POSTPROCESS, PhaseWork({"cluster4": 12 * M, "cluster6": 8 * M}, 0.02 * G, overlap=0.9)),
+            (Phase.PREPROCESS, PhaseWork({"cluster4": 5 * M, "cluster6": 5 * M}, 0.03 * G, overlap=0.9)),
+            (Phase.INFER, PhaseWork({"npu": 8.2 * M, "gpu": 11.7 * M, "cluster4": 4 * M, "cluster6": 4 * M}, 0.15 * G, fixed_s=0.0005, overlap=0.9)),
+            (Phase.POSTPROCESS, PhaseWork({"cluster4": 2 * M}, 0.005 * G, overlap=0.9)),
         ]
     else:
         train = [
@@ -97,11 +122,11 @@ def workloads(soc: str) -> dict[str, tuple[list[Step], Callable[[random.Random],
             (Phase.OPTIMIZER_STEP, PhaseWork({"gpu": 5 * M, "cluster0": 10 * M}, 1.5 * G, fixed_s=0.006, overlap=0.9)),
         ]
         infer = [
-            (Phase.PREPROCESS, PhaseWork({"cluster0": 20 * M, "cluster4": 20 * M}, 0.1 * G, overlap=0.9)),
-            (Phase.INFER, PhaseWork({"gpu": 55 * M, "cluster0": 45 * M, "cluster4": 50 * M}, 3.5 * G, overlap=0.9)),
-            (Phase.POSTPROCESS, PhaseWork({"cluster0": 10 * M, "cluster4": 6 * M}, 0.03 * G, overlap=0.9)),
+            (Phase.PREPROCESS, PhaseWork({"cluster0": 4 * M}, 0.03 * G, overlap=0.9)),
+            (Phase.INFER, PhaseWork({"gpu": 8 * M, "cluster0": 1.65 * M}, 0.24 * G, fixed_s=0.0008, overlap=1.0)),
+            (Phase.POSTPROCESS, PhaseWork({"cluster0": 2 * M}, 0.005 * G, overlap=0.9)),
         ]
-    return {"train": (train, None), "infer": (infer, lambda rng: rng.uniform(0.005, 0.025))}
+    return {"train": (train, None), "infer": (infer, FRAME_PERIOD_S)}
 
 
 # ---------------------------------------------------------------------------------- policies
@@ -121,6 +146,9 @@ class Policy:
     def finish(self, board: SimBoard) -> None:
         pass
 
+    def idle(self, board: SimBoard, seconds: float) -> float:
+        return board.idle(seconds, tick_s=TICK_S, on_tick=self.on_tick)
+
 
 class KernelGovernors(Policy):
     def __init__(self, name: str, cpu: str, dev: str) -> None:
@@ -135,6 +163,45 @@ class KernelGovernors(Policy):
                 if want in ("performance", "powersave"):
                     hz = info.available_hz[-1] if want == "performance" else board.limits(name)[0]
                     board.set_frequency(name, hz)
+
+
+class JetsonClocks(Policy):
+    """``jetson_clocks`` (soc-sysfs.md §2.6): max copied into min for the CPUs, GPU and EMC (so
+    every clock sits at its top), cpuidle's deep states disabled and ``railgate_enable=0``:
+    an idle GPU stays powered and idle cores wait in WFI."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def setup(self, board: SimBoard) -> None:
+        for name, info in board.domains().items():
+            board.set_frequency(name, info.available_hz[-1])
+            if board.power_gating(name):
+                board.set_power_gating(name, False)
+        board.set_cpuidle(False)
+
+
+def performance_policy(soc: str) -> Policy:
+    """The `performance` baseline as each board's users get it: ``jetson_clocks`` on a Jetson;
+    on the RK3588 the cpufreq/devfreq ``performance`` governors (clocks at max, power gating and
+    cpuidle left as they are)."""
+    if SimBoard(soc, settle=False).profile.family == "tegra":
+        return JetsonClocks("performance")
+    return KernelGovernors("performance", "performance", "performance")
+
+
+class VendorDefault(Policy):
+    """The kernel's own DVFS as the vendor ships it (dvfs.md §1 and §5, baseline 1): ``schedutil``
+    on the CPUs; the devfreq/EMC domains keep the board's governors (RK3588: Mali
+    ``simple_ondemand`` 30/10, ``rknpu_ondemand``, ``dmc_ondemand``; Orin: ``nvhost_podgov`` and
+    the BPMP's EMC scaling)."""
+
+    name = "kernel"
+
+    def setup(self, board: SimBoard) -> None:
+        for name, info in board.domains().items():
+            if info.kind == "cpu":
+                board.set_governor(name, "schedutil")
 
 
 class Static(Policy):
@@ -196,6 +263,7 @@ class Result:
     peak_c: float
     throttle_events: int
     throttled_s: float
+    misses: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -206,51 +274,64 @@ class Result:
 def run_work(
     board: SimBoard,
     steps: Sequence[Step],
-    gap: Callable[[random.Random], float] | None,
+    period: float | None,
     policy: Policy,
     iterations: int,
-    *,
-    seed: int = 7,
-) -> tuple[float, float]:
-    """Run ``iterations`` of the workload; returns (busy seconds, idle seconds)."""
-    rng = random.Random(seed)
+) -> tuple[float, float, int]:
+    """Run ``iterations`` of the workload; returns (busy seconds, idle seconds, deadline misses).
+
+    With a frame ``period``, each iteration is one frame: the board idles for what is left of
+    the period; a frame that takes longer is a deadline miss and the next starts at once.
+    """
     busy = idle = 0.0
+    misses = 0
     tick = policy.on_tick
     for _ in range(iterations):
+        frame = 0.0
         for phase, work in steps:
             policy.on_phase(board, phase)
-            busy += board.execute(work, tick_s=TICK_S, on_tick=tick)
-        if gap is not None:
-            policy.on_phase(board, Phase.IDLE)
-            idle += board.idle(gap(rng), tick_s=TICK_S, on_tick=tick)
-    return busy, idle
+            frame += board.execute(work, tick_s=TICK_S, on_tick=tick)
+        busy += frame
+        if period is not None:
+            gap = period - frame
+            if gap > 1e-9:
+                policy.on_phase(board, Phase.IDLE)
+                idle += policy.idle(board, gap)
+            else:
+                misses += 1
+    return busy, idle, misses
 
 
-def evaluate(soc: str, steps: Sequence[Step], gap, policy: Policy, iterations: int) -> Result:  # type: ignore[no-untyped-def]
+def evaluate(soc: str, steps: Sequence[Step], period: float | None, policy: Policy, iterations: int) -> Result:
     board = SimBoard(soc, ambient_c=AMBIENT_C, seed=1)
     e0 = board.statistics().energy_j
     t0 = board.time_s
     policy.setup(board)
     try:
-        busy, _idle = run_work(board, steps, gap, policy, iterations)
+        busy, _idle, misses = run_work(board, steps, period, policy, iterations)
     finally:
         policy.finish(board)
     st = board.statistics()
-    res = Result(policy.name, st.energy_j - e0, board.time_s - t0, busy, st.peak_temp_c, st.throttle_events, st.throttled_time_s)
+    res = Result(
+        policy.name, st.energy_j - e0, board.time_s - t0, busy, st.peak_temp_c, st.throttle_events,
+        st.throttled_time_s, misses,
+    )
     if isinstance(policy, Hetsched) and policy.gov is not None:
         gs = policy.gov.statistics()
         res.extra = {"writes": gs.writes, "capped_decisions": gs.capped_decisions, "locked": list(gs.locked_domains)}
     return res
 
 
-def tune_profile(soc: str, steps: Sequence[Step], gap, config: GovernorConfig, workload: str) -> tuple[GovernorProfile, float]:  # type: ignore[no-untyped-def]
+def tune_profile(
+    soc: str, steps: Sequence[Step], period: float | None, config: GovernorConfig, workload: str
+) -> tuple[GovernorProfile, float]:
     """The one-off calibration: the governor auto-tunes online on a fresh board."""
     board = SimBoard(soc, ambient_c=AMBIENT_C, seed=2)
     pol = Hetsched(None, config, autotune=True)
     pol.setup(board)
     assert pol.gov is not None
     for _ in range(200):
-        run_work(board, steps, gap, pol, 10)
+        run_work(board, steps, period, pol, 10)
         if pol.gov.engine.tuning_done:
             break
     prof = pol.gov.profile()
@@ -258,7 +339,7 @@ def tune_profile(soc: str, steps: Sequence[Step], gap, config: GovernorConfig, w
     return GovernorProfile(prof.board, workload, prof.slowdown, prof.phases), board.time_s
 
 
-def sweep_static(soc: str, steps: Sequence[Step], gap, slowdown: float) -> tuple[OperatingPoint, float]:  # type: ignore[no-untyped-def]
+def sweep_static(soc: str, steps: Sequence[Step], period: float | None, slowdown: float) -> tuple[OperatingPoint, float]:
     """Best single operating point: coordinate descent over domains, measuring whole iterations."""
     board = SimBoard(soc, ambient_c=AMBIENT_C, seed=3)
     specs = Governor.simulated(board).engine.domains
@@ -268,7 +349,7 @@ def sweep_static(soc: str, steps: Sequence[Step], gap, slowdown: float) -> tuple
         for d, hz in pt.items():
             board.set_frequency(d, hz)
         e0 = board.statistics().energy_j
-        busy, idle = run_work(board, steps, gap, pol, 6)
+        busy, _idle, _misses = run_work(board, steps, period, pol, 6)
         energy = board.statistics().energy_j - e0
         # Energy per iteration including the idle gaps; time = busy time (what the bound is on).
         tuner.record(pt, Measurement(busy / 6, energy / busy))
@@ -295,32 +376,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     outdir = args.profiles or Path(tempfile.mkdtemp(prefix="hetsched-governor-"))
     outdir.mkdir(parents=True, exist_ok=True)
     for soc in ("rk3588", "orin-nx"):
-        for wname, (steps, gap) in workloads(soc).items():
+        for wname, (steps, period) in workloads(soc).items():
             if args.only and args.only != f"{soc}:{wname}":
                 continue
             # Iterations: enough for performance to run >= the horizon from a cool start.
             probe = SimBoard(soc, ambient_c=AMBIENT_C, seed=1)
-            perf_pol = KernelGovernors("performance", "performance", "performance")
+            perf_pol = performance_policy(soc)
             perf_pol.setup(probe)
-            busy, idle = run_work(probe, steps, gap, perf_pol, 50)
+            busy, idle, _ = run_work(probe, steps, period, perf_pol, 50)
             iterations = math.ceil(horizon_s / ((busy + idle) / 50))
 
-            profile, tune_s = tune_profile(soc, steps, gap, config, f"{soc}-{wname}")
+            profile, tune_s = tune_profile(soc, steps, period, config, f"{soc}-{wname}")
             path = outdir / f"{soc}-{wname}.json"
             profile.save(path)
             profile = GovernorProfile.load(path, board=profile.board)
-            static_pt, sweep_s = sweep_static(soc, steps, gap, SLOWDOWN)
+            static_pt, sweep_s = sweep_static(soc, steps, period, SLOWDOWN)
             oracle_pts = {p: m.best for p, m in profile.phases.items() if m.best is not None}
 
             policies: list[Policy] = [
                 Hetsched(profile, config),
-                KernelGovernors("performance", "performance", "performance"),
+                performance_policy(soc),
                 KernelGovernors("powersave", "powersave", "powersave"),
-                KernelGovernors("kernel", "schedutil", "simple_ondemand"),
+                VendorDefault(),
                 Static("best_static", static_pt),
                 PerPhaseStatic("oracle", oracle_pts),
             ]
-            results = {p.name: evaluate(soc, steps, gap, p, iterations) for p in policies}
+            results = {p.name: evaluate(soc, steps, period, p, iterations) for p in policies}
             for r in results.values():
                 rows.append((soc, wname, r))
             h, perf, best = results["hetsched"], results["performance"], results["best_static"]
@@ -336,10 +417,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "slowdown_vs_performance": h.busy_s / perf.busy_s,
                     "throttle_events": h.throttle_events,
                     "performance_throttle_events": perf.throttle_events,
+                    "deadline_misses": h.misses,
+                    "energy_vs_oracle": h.energy_j / results["oracle"].energy_j,
                 }
             )
 
-    hdr = f"{'soc':8} {'workload':8} {'policy':12} {'energy_J':>9} {'time_s':>8} {'busy_s':>8} {'EDP_Js':>10} {'E/perf':>7} {'t/perf':>7} {'peak_C':>7} {'throt':>6} {'throt_s':>8}"
+    hdr = (
+        f"{'soc':8} {'workload':8} {'policy':12} {'energy_J':>9} {'time_s':>8} {'busy_s':>8} {'EDP_Js':>10} "
+        f"{'E/perf':>7} {'t/perf':>7} {'peak_C':>7} {'throt':>6} {'throt_s':>8} {'miss':>6}"
+    )
     print(hdr)
     print("-" * len(hdr))
     perf_of = {(s, w): r for s, w, r in rows if r.policy == "performance"}
@@ -348,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{soc:8} {wname:8} {r.policy:12} {r.energy_j:9.0f} {r.time_s:8.1f} {r.busy_s:8.1f} {r.edp:10.0f} "
             f"{r.energy_j / p.energy_j:7.3f} {r.busy_s / p.busy_s:7.3f} {r.peak_c:7.1f} {r.throttle_events:6d} {r.throttled_s:8.1f}"
+            f" {r.misses:6d}"
         )
     print()
     for s in summary_rows:

@@ -50,9 +50,10 @@ class StageSpec:
     deps: tuple[int, ...]
     """Stages producing some of ``inputs``."""
     rematerialized: tuple[int, ...] = ()
-    """``Constant`` nodes of other stages copied into this one instead of read across the
-    boundary: onnxruntime then sees the value as a constant (shape inference inside
-    If/Loop/Scan bodies needs that) and nothing is transferred."""
+    """Constant-computing nodes of other stages (``Constant``, and e.g. ``ConstantOfShape``
+    of an initializer: see :func:`constant_nodes`) copied into this one instead of read
+    across the boundary: onnxruntime then folds them (prepacked weights; shape inference
+    inside If/Loop/Scan bodies needs that) and nothing is transferred per request."""
 
 
 def _input_dtypes(index: GraphIndex, names: Sequence[str]) -> list[int | None]:
@@ -195,7 +196,7 @@ def merge_stages(
     stages_inputs: list[list[str]] = []
     stages_deps: list[list[int]] = []
     stages_remat: list[list[int]] = []
-    graph_nodes = index.graph.node
+    const = constant_nodes(index)
     for sid, nodes in enumerate(stage_nodes):
         ins: dict[str, None] = {}
         deps: dict[int, None] = {}
@@ -211,9 +212,8 @@ def merge_stages(
                     ins[v] = None  # graph input (or an outer name the checker allowed)
                 elif ps != sid:
                     pn = index.producer[v]
-                    if index.nodes[pn].op_type == "Constant" and not index.nodes[pn].domain \
-                            and not graph_nodes[pn].input:
-                        remat[pn] = None
+                    if const[pn]:
+                        _add_closure(index, const, pn, remat)
                         continue
                     ins[v] = None
                     deps[ps] = None
@@ -256,6 +256,55 @@ def merge_stages(
         )
         for s in keep
     ]
+
+
+# Ops whose result is not a function of their inputs: never duplicated into another stage.
+_NONDETERMINISTIC = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+})
+
+
+def constant_nodes(index: GraphIndex) -> list[bool]:
+    """Per node: does it compute a constant (only from non-overridable initializers and
+    other constant nodes, deterministically, without subgraphs)?
+
+    Such values are recomputed inside each stage that reads them instead of crossing a
+    stage boundary, so onnxruntime constant-folds them there (prepacked weights, shapes
+    known to shape inference) and nothing is transferred per request.
+    """
+    n = len(index.nodes)
+    const = [False] * n
+    fixed = {name for name in index.initializers if name not in index.graph_inputs}
+    fixed.update(name for name in index.sparse_initializers if name not in index.graph_inputs)
+    for nid in index.topological_order():
+        ref = index.nodes[nid]
+        if ref.domain or ref.has_subgraph or ref.op_type in _NONDETERMINISTIC:
+            continue
+        ok = True
+        for v in ref.inputs:
+            p = index.producer.get(v)
+            if p is None:
+                if v not in fixed:
+                    ok = False
+                    break
+            elif not const[p]:
+                ok = False
+                break
+        const[nid] = ok
+    return const
+
+
+def _add_closure(index: GraphIndex, const: list[bool], nid: int, into: dict[int, None]) -> None:
+    stack = [nid]
+    while stack:
+        x = stack.pop()
+        if x in into:
+            continue
+        into[x] = None
+        for v in index.nodes[x].inputs:
+            p = index.producer.get(v)
+            if p is not None and const[p]:
+                stack.append(p)
 
 
 def _ordered_outputs(index: GraphIndex, nodes: Sequence[int], wanted: Mapping[str, None]) -> list[str]:
@@ -320,7 +369,7 @@ def extract_stage(index: GraphIndex, stage: StageSpec) -> onnx.ModelProto:
     graph_nodes = model.graph.node
     nodes = [graph_nodes[i] for i in (*stage.rematerialized, *stage.nodes)]
     used: set[str] = set()
-    for nid in stage.nodes:
+    for nid in (*stage.rematerialized, *stage.nodes):
         used.update(index.nodes[nid].inputs)
     inits = [index.initializers[n] for n in sorted(used) if n in index.initializers]
     sparse = [index.sparse_initializers[n] for n in sorted(used) if n in index.sparse_initializers]

@@ -2,7 +2,8 @@
 
 Time and power of one unit of each phase come from a function of the phase and the
 current clocks (the "table"); one zone heats as a first-order RC from total power.
-Writes are recorded; ``ignore_writes`` makes every domain frequency-locked.
+Writes are recorded; ``ignore_writes`` makes every domain frequency-locked; ``lag_s``
+delays when a written clock takes effect (a transition latency).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class TableBoard:
         tau_s: float = 20.0,
         passive_trip_c: float | None = None,
         ignore_writes: bool = False,
+        lag_s: Mapping[str, float] | None = None,
     ) -> None:
         self.table = table
         self.specs = specs or domains()
@@ -70,6 +72,10 @@ class TableBoard:
         self.tau = tau_s
         self.trip = passive_trip_c
         self.ignore_writes = ignore_writes
+        self.lag_s = dict(lag_s or {})
+        """Domain -> seconds before a written clock takes effect (sysfs shows it at once)."""
+        self.effective = dict(self.freq)
+        self._pending: list[tuple[float, str, int]] = []
         self.power = table(Phase.IDLE, self.freq)[1]
         self.writes: list[tuple[float, str, int]] = []
         self.power_trace: list[float] = []
@@ -91,11 +97,29 @@ class TableBoard:
 
     def restore(self, saved: dict[str, int]) -> None:
         self.freq.update(saved)
+        self.effective.update(saved)
+        self._pending.clear()
+
+    def idle(self, engine: GovernorEngine, seconds: float, tick_s: float = 0.01) -> None:
+        """Enter IDLE and let ``seconds`` pass at the idle power of the current clocks."""
+        engine.enter(Phase.IDLE)
+        self.advance(seconds, self.table(Phase.IDLE, self.clocks)[1], engine, tick_s)
+
+    @property
+    def clocks(self) -> Mapping[str, int]:
+        """The clocks in effect (what the work runs at)."""
+        return self.effective if self.lag_s else self.freq
 
     def write(self, domain: str, hz: int) -> None:
         self.writes.append((self.t, domain, hz))
         if not self.ignore_writes:
             self.freq[domain] = hz
+            lag = self.lag_s.get(domain, 0.0)
+            self._pending = [p for p in self._pending if p[1] != domain]
+            if lag > 0:
+                self._pending.append((self.t + lag, domain, hz))
+            else:
+                self.effective[domain] = hz
 
     def read(self, domain: str) -> int:
         return self.freq[domain]
@@ -113,6 +137,9 @@ class TableBoard:
             self.max_temp = max(self.max_temp, self.temp)
             self.t += dt
             left -= dt
+            for p in [p for p in self._pending if p[0] <= self.t + 1e-12]:
+                self.effective[p[1]] = p[2]
+                self._pending.remove(p)
             if engine is not None:
                 engine.tick()
 
@@ -126,10 +153,13 @@ class TableBoard:
         energy = 0.0
         elapsed = 0.0
         while done < 1.0 - 1e-12:
-            secs, watts = self.table(phase, self.freq)
+            secs, watts = self.table(phase, self.clocks)
             if secs <= 0:
                 break
             dt = min(tick_s, (1.0 - done) * secs)
+            if self._pending:
+                # Up to the next clock change, so a lagging write lands where it should.
+                dt = min(dt, max(min(p[0] for p in self._pending) - self.t, 1e-9))
             self.advance(dt, watts, engine, tick_s)
             done += dt / secs
             energy += dt * watts

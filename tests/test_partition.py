@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from hetsched import PartitionError, Session, resolve_devices
 from hetsched._graph import GraphIndex
 from hetsched._model import load_model
-from hetsched._partition import compute_units, extract_stage
+from hetsched._partition import constant_nodes, compute_units, extract_stage
 from hetsched._plan import Plan, build_plan
 from hetsched.backends import Capabilities
 from hetsched.policies import Pinned, RandomPolicy
@@ -464,8 +464,9 @@ def test_random_dags_make_acyclic_valid_stages_that_compute_the_same(seed: int) 
     remat = {n for s in plan.stages for n in s.rematerialized}
     for nid, c in enumerate(counts):
         if c == 0:
-            # Only a Constant whose stage was dropped as dead: it lives on where rematerialized.
-            assert index.nodes[nid].op_type == "Constant" and nid in remat
+            # Only a constant-computing node whose stage was dropped as dead: it lives on
+            # where rematerialized.
+            assert constant_nodes(index)[nid] and nid in remat
         else:
             assert c == 1
     for s in plan.stages:
@@ -489,3 +490,38 @@ def test_random_dags_make_acyclic_valid_stages_that_compute_the_same(seed: int) 
     expected = _ort(model, feeds)
     for name, e in zip(index.graph_outputs, expected):
         np.testing.assert_allclose(values[name], e, rtol=1e-6, atol=1e-6)
+
+
+def test_constant_subgraphs_are_recomputed_where_they_are_read() -> None:
+    """A weight computed from initializers (ConstantOfShape, then Mul) is folded into the
+    consuming stage instead of crossing a boundary as a run-time input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([4, 4], np.int64), "wshape")
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    nodes = [
+        helper.make_node("ConstantOfShape", ["wshape"], ["w0"], name="w0",
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])),
+        helper.make_node("Mul", ["w0", "scale"], ["w"], name="w"),
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w"], ["y"], name="mm"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [shape, scale])
+    model = load_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    index = GraphIndex(model)
+    assert constant_nodes(index) == [True, True, False, False]
+    pins = {"w0": "cpu:0", "w": "cpu:1", "relu": "cpu:0", "mm": "cpu:1"}
+    plan = build_plan(index, resolve_devices(["cpu:0", "cpu:1"]), Pinned(pins), max_unit_nodes=1)
+    mm_stage = next(s for s in plan.stages if 3 in s.nodes)
+    assert set(mm_stage.rematerialized) >= {0, 1} or 1 in mm_stage.nodes
+    assert "w" not in mm_stage.inputs  # the weight is not fed across the boundary
+    stage_model = extract_stage(index, mm_stage)
+    onnx.checker.check_model(stage_model)
+    assert {i.name for i in stage_model.graph.input} == {"r"}
+    x = np.array([[1, -2, 3, -4], [0.5, 0.5, -1, 2]], np.float32)
+    want = np.maximum(x, 0) @ np.full((4, 4), 1.0, np.float32)
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(stage_model.SerializeToString()).run(None, {"r": np.maximum(x, 0)})[0]
+    np.testing.assert_allclose(got, want)

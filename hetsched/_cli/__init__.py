@@ -55,8 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HetschedError as exc:
         print(f"hetsched: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:
+        # A subcommand's task group wraps the error; report hetsched's own errors plainly.
+        leaves = _leaves(group)
+        if leaves and all(isinstance(e, HetschedError) for e in leaves):
+            for e in leaves:
+                print(f"hetsched: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         return 130
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:  # type: ignore[type-arg]
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -92,6 +92,10 @@ class DecisionInput:
     """Auto-tune wants this point measured now."""
     successor_expected_s: float | None = None
     """How long the phase that usually follows this one lasts (None: unknown)."""
+    held: frozenset[str] = frozenset()
+    """Slow domains no phase of the loop lasts long enough to switch (Jetson EMC and GPU in a
+    33 ms camera frame): set once for the whole loop by the phase that owns them (the longest),
+    as if the loop were one phase. Free for this decision although the phase is short."""
 
 
 @dataclass(frozen=True)
@@ -122,13 +126,17 @@ def decide(inp: DecisionInput) -> Decision:
 
     * auto-tune asked for a point: that point (it is being measured);
     * IDLE (and, under a power budget, a phase not tuned yet): every domain worth
-      switching to its lowest clock;
+      switching to its lowest clock; for IDLE without a budget only those the next phase
+      switches back within half the slowdown bound of its own length (one transition
+      latency at the idle clock);
     * a tuned phase: the tuned point if its predicted power fits the cap, else the
       least-energy point that fits (jointly over domains, :func:`choose`); domains not
       worth switching for a phase this short stay where they are unless the cap cannot
       be met otherwise;
     * an untuned phase: the top clocks on the domains worth switching, unless the power
       now is over the cap, then every domain steps down one level.
+
+    ``inp.held`` domains count as worth switching (the loop's owner phase sets them).
 
     Locked domains are never written. Pure: no I/O.
     """
@@ -138,7 +146,8 @@ def decide(inp: DecisionInput) -> Decision:
     free = {
         name: spec
         for name, spec in inp.domains.items()
-        if name not in locked and switchable(spec, inp.expected_phase_s, cfg.min_phase_factor)
+        if name not in locked
+        and (name in inp.held or switchable(spec, inp.expected_phase_s, cfg.min_phase_factor))
     }
 
     if inp.tuning_point is not None:
@@ -151,9 +160,15 @@ def decide(inp: DecisionInput) -> Decision:
         # Under a budget, an untuned phase has no power prediction yet: lowest is safe.
         lower = free
         if inp.phase is Phase.IDLE and cfg.power_budget_w is None:
+            # The next phase starts on the idle clock and runs one transition latency before
+            # its own takes effect: allowed only where that costs it at most half the
+            # slowdown bound (e.g. not a 0.3 ms A76 switch before a 2.6 ms preprocess).
+            succ = inp.successor_expected_s
             lower = {
                 d: spec for d, spec in free.items()
-                if switchable(spec, inp.successor_expected_s, cfg.min_phase_factor)
+                if switchable(spec, succ, cfg.min_phase_factor)
+                and succ is not None
+                and spec.transition_latency_s <= 0.5 * cfg.slowdown * succ
             }
         target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
                                     **{d: spec.min_hz for d, spec in lower.items()}})

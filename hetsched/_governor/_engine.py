@@ -7,6 +7,15 @@ the pure :func:`~hetsched._governor._decide.decide`; this module only gathers it
 inputs, applies its outputs, reads back and keeps the books. It is what the public
 :class:`~hetsched._governor._governor.Governor` drives on a board and what benchmarks
 drive on the fast simulation.
+
+Short phases. Whether a domain is switched for a phase is judged on the phase's shortest
+run (at the top clocks), against the domain's transition latency (``min_phase_factor``).
+Domains no working phase is long enough to switch (a Jetson GPU or EMC in a 33 ms camera
+frame) are *held*: the longest working phase sets them once for the whole loop, and its
+auto-tune then measures the *loop* (that phase and every working phase until it starts
+again, plus the energy of any IDLE between, :attr:`PhaseModel.unit` ``"loop"``), since
+the short phases run at the clocks it leaves. A tuning point that writes a domain too slow
+for the phase gets a settle run (the occurrence is not measured, the point is repeated).
 """
 
 from __future__ import annotations
@@ -15,11 +24,11 @@ import logging
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from .._errors import PowerBudgetError, ProfileError
+from .._errors import PowerBudgetError, ProfileError, RuntimeStateError
 from .._snapshot import Snapshot
 from ._decide import Decision, DecisionInput, GovernorConfig, decide, switchable
 from ._model import Measurement, PhaseModel, choose
@@ -39,6 +48,9 @@ _EWMA_BIAS = 0.2
 _NO_FOLLOW_LIMIT = 2
 _REACTIVE_BAND_C = 1.0
 _POWER_SMOOTH_S = 1.0
+_TUNE_AFTER = 3
+"""Occurrences of a phase before its tuning starts: the first run under the kernel's
+governors, the next ones at the top clocks (what the phase's length is judged on)."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +132,13 @@ class GovernorEngine:
                 )
             self._models.update(profile.phases)
         self._tuners: dict[Phase, AxisTuner] = {}
+        self._tuner_slow: dict[Phase, frozenset[str]] = {}
         self._untunable: set[Phase] = set()
         self._expected: dict[Phase, float] = {}
+        self._shortest: dict[Phase, float] = {}
+        """The fastest each phase has run (at the top clocks, once it ran there): what decides
+        which domains a phase is long enough to switch when tuning, so a slow start under the
+        kernel governors (or a slow tuning point) does not make a slow domain look switchable."""
         self._successor: dict[Phase, Phase] = {}
         self._bias: dict[Phase, float] = {}
         self._occ: dict[Phase, int] = {}
@@ -156,7 +173,13 @@ class GovernorEngine:
         self._phase_point: OperatingPoint | None = None
         self._phase_tuning = False
         self._phase_tuning_point: OperatingPoint | None = None
+        self._phase_settling = False
         self._phase_dirty = False
+        # loop-unit tuning (see PhaseModel.unit): the phase that owns the loop, and the
+        # occurrence being accumulated: [work seconds, energy, tuning point, point, valid].
+        self._loop_owner: Phase | None = next((p for p, m in self._models.items() if m.unit == "loop"), None)
+        self._loop_acc: list[Any] | None = None
+
         self._last_decision: Decision | None = None
         # counters
         self._switches = 0
@@ -343,8 +366,14 @@ class GovernorEngine:
     # -- phases ---------------------------------------------------------------------
 
     def enter(self, phase: Phase | str) -> Decision:
-        """The program enters ``phase``: account for the one that ended, decide, apply."""
+        """The program enters ``phase``: account for the one that ended, decide, apply.
+
+        :raises RuntimeStateError: after :meth:`close` (the clocks are restored; a write now
+            would undo that).
+        """
         phase = as_phase(phase)
+        if self._restored:
+            raise RuntimeStateError("the governor has restored the clocks and stopped; it cannot enter a phase")
         if not self._started:
             self.start()
         now = self.port.now()
@@ -353,6 +382,8 @@ class GovernorEngine:
         if self._phase is not None:
             self._finish_phase(now)
             self._successor[self._phase] = phase
+        if phase is self._loop_owner:
+            self._finish_loop()
         self._switches += 1
         self._phase = phase
         self._phase_t0 = now
@@ -366,6 +397,8 @@ class GovernorEngine:
             if tuning_point is None:
                 model = tuner.model()
                 if model is not None:
+                    if phase is self._loop_owner:
+                        model = replace(model, unit="loop")
                     self._models[phase] = model
                     log.info("governor: %s tuned: %s", phase, model.best)
                 del self._tuners[phase]
@@ -373,7 +406,39 @@ class GovernorEngine:
         self._phase_tuning_point = tuning_point
         decision = self._decide(phase, tuning_point)
         self._phase_point = OperatingPoint.of(dict(self._current))
+        # A slow domain written now reaches its new clock only part-way through the phase
+        # (a 5-8 ms Jetson GPU/EMC change in a 10 ms phase): this occurrence measures neither
+        # point. The tuner asks for the same point again, which then runs settled.
+        # Only domains no other phase touches in between (too slow to switch for this phase
+        # when its tuning began) stay put for the repeat; the others are written every time.
+        slow = self._tuner_slow.get(phase, frozenset())
+        self._phase_settling = self._phase_tuning and any(d in slow for d in decision.writes)
+        if phase is self._loop_owner:
+            valid = not self._phase_settling
+            self._loop_acc = [0.0, 0.0, tuning_point, self._phase_point, valid]
         return decision
+
+    def _finish_loop(self) -> None:
+        """The loop owner starts again: the loop since its last start is one unit of work."""
+        acc, self._loop_acc = self._loop_acc, None
+        owner = self._loop_owner
+        if acc is None or owner is None:
+            return
+        seconds, energy, tuning_point, point, valid = acc
+        if not valid or seconds <= 0 or point is None:
+            return
+        m = Measurement(seconds, energy / seconds)
+        tuner = self._tuners.get(owner)
+        if tuner is not None:
+            if tuning_point is not None:
+                tuner.record(tuning_point, m)
+                self._tune_meas += 1
+            return
+        model = self._models.get(owner)
+        if model is not None:
+            err = m.power_w - model.predict(point).power_w
+            b = self._bias.get(owner)
+            self._bias[owner] = err if b is None else b + _EWMA_BIAS * (err - b)
 
     def tick(self) -> Decision | None:
         """A telemetry tick inside a phase: update the thermal guard; re-decide if the cap moved."""
@@ -405,6 +470,7 @@ class GovernorEngine:
             or phase in self._tuners
             or phase in self._untunable
             or phase not in self._expected
+            or self._occ.get(phase, 0) < _TUNE_AFTER
         ):
             return
         if self._tuners:
@@ -416,24 +482,81 @@ class GovernorEngine:
         ]
         if max(waiting, key=lambda p: self._expected[p]) is not phase:
             return
-        expected = self._expected[phase]
+        expected = self._shortest.get(phase, self._expected[phase])
+        held = self._held_for(phase)
         tune = [
             name
             for name, spec in self.domains.items()
-            if name not in self._locked and switchable(spec, expected, self.config.min_phase_factor)
+            if name not in self._locked and (name in held or switchable(spec, expected, self.config.min_phase_factor))
         ]
         if not tune:
             self._untunable.add(phase)
             return
         cfg = self.config
+        if held and cfg.power_budget_w is None and self._loop_owner is None:
+            # It sets clocks the rest of the loop runs at: judge them by the whole loop. (Not
+            # under a budget: that is a cap on instantaneous power, not on the loop's mean.)
+            self._loop_owner = phase
+        self._tuner_slow[phase] = frozenset(
+            d for d in tune if not switchable(self.domains[d], expected, cfg.min_phase_factor)
+        )
         self._tuners[phase] = AxisTuner(
             self.domains,
             tune,
-            slowdown=cfg.slowdown,
+            slowdown=self._slowdown_for(phase),
             power_cap_w=cfg.budget_cap_w,
             levels=cfg.tune_levels,
             passes=cfg.tune_passes,
             repeats=cfg.tune_repeats,
+        )
+
+    def _slowdown_for(self, phase: Phase) -> float:
+        """The slowdown bound ``phase`` is tuned to.
+
+        The loop owner's tuning measured the other working phases of the loop as they ran
+        then (untuned, at their top clocks) and spent the loop's bound on its own clocks;
+        phases tuned after it share what it left of the loop's bound, in proportion to their
+        length, so the loop as a whole stays within ``config.slowdown``.
+        """
+        cfg = self.config
+        owner = self._loop_owner
+        model = self._models.get(owner) if owner is not None else None
+        if (
+            owner is None or phase is owner or model is None or model.unit != "loop"
+            or model.best_measured is None or model.reference_s is None
+        ):
+            return cfg.slowdown
+        spare_s = model.reference_s * (1.0 + cfg.slowdown) - model.best_measured.seconds
+        waiting = [
+            p for p in self._shortest
+            if p not in (Phase.IDLE, owner) and p not in self._models and p not in self._untunable
+        ]
+        span = sum(self._shortest[p] for p in waiting)
+        if span <= 0 or spare_s <= 0:
+            return 0.0
+        return min(cfg.slowdown, spare_s / span)
+
+    def _length(self, phase: Phase | None) -> float | None:
+        """The length switching decisions assume for ``phase`` (see :attr:`_shortest`)."""
+        if phase is None:
+            return None
+        return self._shortest.get(phase, self._expected.get(phase))
+
+    def _held_for(self, phase: Phase) -> frozenset[str]:
+        """The slow domains ``phase`` sets for the whole loop (see :attr:`DecisionInput.held`).
+
+        Those are the unlocked domains no working phase seen so far lasts long enough to
+        switch; the longest working phase owns them (it weighs most in the loop's time and
+        energy, and is tuned first). Empty for every other phase and for IDLE.
+        """
+        working = {p: t for p, t in self._shortest.items() if p is not Phase.IDLE}
+        if phase is Phase.IDLE or phase not in working or max(working, key=lambda p: working[p]) is not phase:
+            return frozenset()
+        factor = self.config.min_phase_factor
+        return frozenset(
+            name
+            for name, spec in self.domains.items()
+            if name not in self._locked and not any(switchable(spec, t, factor) for t in working.values())
         )
 
     def _finish_phase(self, now: float) -> None:
@@ -446,14 +569,26 @@ class GovernorEngine:
         self._phase_energy[phase] = self._phase_energy.get(phase, 0.0) + energy
         prev = self._expected.get(phase)
         self._expected[phase] = seconds if prev is None else prev + _EWMA_DURATION * (seconds - prev)
+        if seconds > 0:
+            self._shortest[phase] = min(seconds, self._shortest.get(phase, math.inf))
+        acc = self._loop_acc
+        if acc is not None:
+            # Idle time is not work (the bound is on work time), its energy is the loop's.
+            if phase is not Phase.IDLE:
+                acc[0] += seconds
+            acc[1] += energy
+            if self._phase_dirty:
+                acc[4] = False
         if seconds <= 0:
             return
         m = Measurement(seconds, energy / seconds)
         point = self._phase_point
-        if self._phase_dirty or point is None:
+        if self._phase_dirty or point is None or phase is self._loop_owner:
             return
         tuner = self._tuners.get(phase)
         if self._phase_tuning and tuner is not None:
+            if self._phase_settling:
+                return
             if self._phase_tuning_point is not None:
                 tuner.record(self._phase_tuning_point, m)
             self._tune_meas += 1
@@ -474,13 +609,17 @@ class GovernorEngine:
             current=MappingProxyType(dict(self._current)),
             config=self.config,
             model=self._models.get(phase),
-            expected_phase_s=self._expected.get(phase),
+            # Switching is judged on how short the phase can be (its run at the top clocks),
+            # not on a running mean that a slow point inflates: a domain switched only while
+            # the phase runs slowly would flip in and out of the phase's control.
+            expected_phase_s=self._length(phase),
             power_cap_w=self.phase_cap(phase),
             power_bias_w=max(0.0, self._bias.get(phase, 0.0)),
             power_now_w=self._last_p,
             locked=frozenset(self._locked),
             tuning_point=tuning_point,
-            successor_expected_s=self._expected.get(self._successor.get(phase)),  # type: ignore[arg-type]
+            successor_expected_s=self._length(self._successor.get(phase)),
+            held=self._held_for(phase),
         )
         decision = decide(inp)
         self._decisions += 1

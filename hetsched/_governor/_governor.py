@@ -192,6 +192,10 @@ class Governor:
         # Session hooks may call from device worker threads while the ticker runs in the
         # event loop: one engine call at a time (each is short and never awaits).
         with self._lock:
+            if self._closed:
+                # A hook that raced the shutdown (it passed the entry check while the clocks
+                # were being restored): writing now would undo the restore.
+                return
             if self._engine.ungoverned:
                 return  # strict=False after a permission error: hands off the board
             try:

@@ -96,6 +96,10 @@ class PhaseModel:
     best: OperatingPoint | None = None
     """The point tuning settled on (within the slowdown bound, least energy per unit)."""
     best_measured: Measurement | None = None
+    unit: str = "phase"
+    """What one unit of work is: ``"phase"`` (one occurrence of the phase) or ``"loop"`` (the
+    phase and every working phase until it starts again, with the energy of any IDLE between:
+    used when the phase sets slow domains for the whole loop, see ``DecisionInput.held``)."""
 
     def options(self, domain: str) -> tuple[int, ...]:
         """Frequencies this model can speak for on ``domain`` (ascending)."""
@@ -143,6 +147,7 @@ class PhaseModel:
             "reference_s": self.reference_s,
             "best": None if self.best is None else self.best.as_dict(),
             "best_measured": None if self.best_measured is None else self.best_measured.to_json(),
+            "unit": self.unit,
         }
 
     @staticmethod
@@ -168,13 +173,18 @@ class PhaseModel:
             best = None if best_raw is None else _point_from_json(best_raw, f"{where}.best")
             bm_raw = obj.get("best_measured")
             bm = None if bm_raw is None else Measurement.from_json(bm_raw)
+            unit = obj.get("unit", "phase")
+            if unit not in ("phase", "loop"):
+                raise ProfileError(f"{where}.unit: expected 'phase' or 'loop', got {unit!r}")
         except KeyError as exc:
             raise ProfileError(f"{where}: missing field {exc.args[0]!r}") from exc
         except ValueError as exc:
             if isinstance(exc, ProfileError):
                 raise
             raise ProfileError(f"{where}: {exc}") from exc
-        return PhaseModel(center, at_center, MappingProxyType(axes), None if ref is None else float(ref), best, bm)
+        return PhaseModel(
+            center, at_center, MappingProxyType(axes), None if ref is None else float(ref), best, bm, unit
+        )
 
 
 def _point_from_json(obj: object, where: str) -> OperatingPoint:

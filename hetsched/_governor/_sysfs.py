@@ -16,6 +16,7 @@ never asks for min > max), so the tree ends byte-identical.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ from .._platform.jetson import EMC_DIR
 from .._platform.telemetry import Telemetry
 from .._snapshot import Snapshot
 from ._points import DEFAULT_LATENCY_S, DomainSpec
+
+log = logging.getLogger("hetsched.governor")
 
 __all__ = ["SysfsPort"]
 
@@ -49,6 +52,9 @@ class SysfsPort:
     :param sleep: how to wait for a clock change to take effect (injected for tests).
     :param settle_s: longest wait for a write to show (read-back, userspace governor files);
         the governor re-checks a domain that has not followed at its next decision.
+    :param restore_settle_s: longest wait, after restoring, for every restored knob to read
+        back as saved (a kernel shows it at once; a live twin on its next update, e.g. a
+        ``scaling_setspeed`` that reads ``<unsupported>`` again once the governor is back).
     :raises SysfsError: ``root`` is not a directory.
     :raises SysfsPermissionError: the clock files cannot be read.
     """
@@ -60,11 +66,13 @@ class SysfsPort:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         settle_s: float = 0.005,
+        restore_settle_s: float = 0.5,
     ) -> None:
         self.fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
         self._clock = clock
         self._sleep = sleep
         self.settle_s = settle_s
+        self.restore_settle_s = restore_settle_s
         self.platform = discover(self.fs)
         self.soc = self.platform.soc
         self._telemetry: Telemetry | None = None
@@ -125,17 +133,49 @@ class SysfsPort:
         :raises SysfsError: (the first) failure, after trying every domain.
         """
         first: SysfsError | None = None
+        restored: list[tuple[_Domain, Mapping[str, bytes | None]]] = []
         for name, d in self._doms.items():
             if d.mode is None:
                 continue
             try:
                 self._restore_domain(d, saved[name])
+                restored.append((d, saved[name]))
             except SysfsError as exc:
                 first = first or exc
             d.mode = None
             d.target = None
         if first is not None:
             raise first
+        self._await_restored(restored)
+
+    def _await_restored(self, restored: list[tuple[_Domain, Mapping[str, bytes | None]]]) -> None:
+        """Bounded wait until every restored knob reads back byte-identical (``restore_settle_s``);
+        a domain still off after a while is written again (a live twin that re-rendered a file
+        from its old state just as the restore landed)."""
+
+        def off() -> list[tuple[_Domain, Mapping[str, bytes | None]]]:
+            return [(d, kn) for d, kn in restored
+                    if any(v is not None and self.fs.read_bytes(k) != v for k, v in kn.items())]
+
+        pending = off()
+        if not pending or self.restore_settle_s <= 0:
+            return
+        deadline = self._clock() + self.restore_settle_s
+        step = self.restore_settle_s / 32
+        for i in range(64):  # bounded even if the injected clock does not move
+            self._sleep(step)
+            pending = off()
+            if not pending or self._clock() >= deadline:
+                break
+            if i % 8 == 7:
+                for d, kn in pending:
+                    try:
+                        self._restore_domain(d, kn)
+                    except SysfsError:
+                        pass  # reported by the first pass already, if it failed there
+        if pending:
+            log.warning("governor: knobs of %s did not read back as saved after restoring",
+                        ", ".join(d.spec.name for d, _ in pending))
 
     def _restore_domain(self, d: _Domain, knobs: Mapping[str, bytes | None]) -> None:
         def value(path: str) -> str | None:

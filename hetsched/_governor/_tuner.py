@@ -15,6 +15,12 @@ that becomes the next centre. Finally the chosen point itself is measured; if it
 slower than the bound (the separable model was optimistic), the bound is tightened by
 the overshoot and the choice is made again.
 
+The board warms while it is tuned (leakage, hence power, grows with temperature), so a
+sweep measured in order would make the points measured later look dearer. The centre is
+measured again after each axis, and each axis point is taken relative to the centre
+interpolated to when it ran (drift removed); the final comparison of measured points
+uses the same correction against the last pass's centre.
+
 Under a power cap the first centre is the lowest point and axes are swept upwards,
 stopping before a step whose power, extrapolated from the last two, would break the
 cap; so tuning itself respects the budget.
@@ -79,6 +85,8 @@ class AxisTuner:
         self._repeats = repeats
         self._pass = 0
         self._samples: dict[OperatingPoint, list[Measurement]] = {}
+        self._seq_of: dict[OperatingPoint, list[int]] = {}
+        """When (in measurement order) each sample of each point was taken."""
         self._measurements = 0
         self._reference: float | None = None
         self._prev_axes: dict[str, dict[int, Measurement]] = {}
@@ -98,9 +106,10 @@ class AxisTuner:
 
     def _begin_pass(self, center: OperatingPoint, span: Mapping[str, list[int]]) -> None:
         self._center = center
+        self._pass_start = self._measurements
         self._axes: dict[str, dict[int, Measurement]] = {d: {} for d in self._order}
         self._stage = "center"
-        self._pending: list[tuple[str, list[int], list[int]]] = []
+        self._pending: list[tuple[str, list[int], list[int], list[bool]]] = []
         for d in self._order:
             spec = self._specs[d]
             c_idx = spec.index(center[d])
@@ -114,7 +123,7 @@ class AxisTuner:
                 first = spec.available_hz[c_idx + 1]
                 up = [first] + [hz for hz in up if hz != first]
             down = [spec.available_hz[i] for i in reversed(grid) if i < c_idx]
-            self._pending.append((d, up, down))
+            self._pending.append((d, up, down, [False]))
         self._current: OperatingPoint | None = center
 
     def propose(self) -> OperatingPoint | None:
@@ -130,7 +139,7 @@ class AxisTuner:
         if self._stage == "verify":
             return self._after_verify()
         while self._pending:
-            d, up, down = self._pending[0]
+            d, up, down, rechecked = self._pending[0]
             while up:
                 hz = up[0]
                 if self._cap is not None and self._extrapolated_power(d, hz) > self._cap:
@@ -140,6 +149,9 @@ class AxisTuner:
                 return self._center.with_(d, hz)
             if down:
                 return self._center.with_(d, down.pop(0))
+            if not rechecked[0] and self._axes[d]:
+                rechecked[0] = True
+                return self._center  # the centre again: how far the board drifted meanwhile
             self._pending.pop(0)
         return self._end_pass()
 
@@ -218,9 +230,50 @@ class AxisTuner:
         self._done = True
         return None
 
+    def _centre_at(self, seq: float, since: int) -> Measurement | None:
+        """The centre's measurement interpolated to measurement ``seq`` (clamped at the ends)."""
+        log = [(q, m) for q, m in zip(self._seq_of.get(self._center, ()), self._samples.get(self._center, ()))
+               if q >= since]
+        if not log:
+            return None
+        if seq <= log[0][0]:
+            return log[0][1]
+        for (q0, m0), (q1, m1) in zip(log, log[1:]):
+            if q0 <= seq <= q1:
+                w = (seq - q0) / (q1 - q0) if q1 > q0 else 0.0
+                return Measurement(m0.seconds + w * (m1.seconds - m0.seconds), m0.power_w + w * (m1.power_w - m0.power_w))
+        return log[-1][1]
+
+    def _corrected(self, point: OperatingPoint, at_center: Measurement, since: int) -> Measurement | None:
+        """``point``'s samples since ``since``, as ``at_center`` plus their difference from the
+        centre at the time each ran (None if it has none, or the centre none, since then)."""
+        pairs = [(q, m) for q, m in zip(self._seq_of.get(point, ()), self._samples.get(point, ())) if q >= since]
+        if not pairs:
+            return None
+        dt = dp = 0.0
+        for q, m in pairs:
+            c = self._centre_at(q, since)
+            if c is None:
+                return None
+            dt += m.seconds - c.seconds
+            dp += m.power_w - c.power_w
+        n = len(pairs)
+        return Measurement(max(at_center.seconds + dt / n, 1e-12), max(at_center.power_w + dp / n, 0.0))
+
     def _best_measured(self, ref: float) -> tuple[OperatingPoint | None, Measurement | None]:
         bound = ref * (1 + self._slowdown)
-        measured = [(p, Measurement.combine(ms)) for p, ms in self._samples.items() if ms]
+        # Points measured since the last pass began, drift-corrected against its centre, so a
+        # point measured on a cooler board does not win by that alone.
+        centre_now = self._samples.get(self._center)
+        measured: list[tuple[OperatingPoint, Measurement]] = []
+        if centre_now:
+            at_center = Measurement.combine(centre_now)
+            for p in self._samples:
+                m = at_center if p == self._center else self._corrected(p, at_center, self._pass_start)
+                if m is not None:
+                    measured.append((p, m))
+        if not measured:
+            measured = [(p, Measurement.combine(ms)) for p, ms in self._samples.items() if ms]
         in_cap = [(p, m) for p, m in measured if self._cap is None or m.power_w <= self._cap]
         ok = [(p, m) for p, m in in_cap if m.seconds <= bound]
         if ok:
@@ -232,10 +285,15 @@ class AxisTuner:
     def _build_model(self) -> PhaseModel:
         at_center = Measurement.combine(self._samples[self._center])
         if self._pass == 0 and self._cap is None:
-            self._reference = at_center.seconds
+            # The fastest run at the top clocks: a run slowed by something else (a clock
+            # still settling from the point before) must not loosen the bound.
+            self._reference = min(m.seconds for m in self._samples[self._center])
         axes: dict[str, Mapping[int, Measurement]] = {}
         for d in self._order:
-            axis = dict(self._axes[d])
+            axis = {
+                hz: self._corrected(self._center.with_(d, hz), at_center, self._pass_start) or m
+                for hz, m in self._axes[d].items()
+            }
             axis[self._center[d]] = at_center
             prev = self._prev_axes.get(d)
             if prev and self._prev_center is not None:
@@ -257,6 +315,7 @@ class AxisTuner:
         """One unit of work measured at ``point`` (points not asked for are ignored)."""
         if self._done:
             return
+        self._seq_of.setdefault(point, []).append(self._measurements)
         self._measurements += 1
         self._samples.setdefault(point, []).append(measurement)
         if self._stage == "center" and point == self._center:

@@ -3,7 +3,11 @@
 * Power of a domain = dynamic ``C * V^2 * f`` times utilisation (kernel energy model, one
   term per busy unit) + a small clock-tree/refresh term at idle + leakage that grows
   exponentially with temperature and linearly with voltage. Power-gated blocks (Mali,
-  RKNPU, a railgated Jetson GPU) draw nothing at zero utilisation.
+  RKNPU, a railgated Jetson GPU) draw nothing at zero utilisation, unless software keeps
+  them powered (Jetson ``railgate_enable=0``): then leakage and idle activity at the current
+  voltage. Idle CPU cores in cpuidle's deep state (``c7``/``cpu-sleep``) are powered down and
+  stop leaking, but for the cluster's shared part (:func:`leakage_share`); with cpuidle
+  disabled (``jetson_clocks``) they wait in WFI and leak in full.
 * An RC thermal network: each node has a heat capacity and a resistance to its parent
   (another node or ambient). Integrated with a per-node exponential (Gauss-Seidel) update,
   stable for any step.
@@ -33,6 +37,7 @@ __all__ = [
     "TempCapState",
     "ThermalNetwork",
     "dynamic_power_w",
+    "leakage_share",
     "leakage_w",
 ]
 
@@ -51,6 +56,17 @@ def dynamic_power_w(
 def leakage_w(leak_w: float, voltage_mv: float, v_top_mv: float, temp_c: float, leak_per_c: float) -> float:
     """Leakage: ``leak_w`` at 25 C and the top voltage, linear in V, exponential in T."""
     return leak_w * (voltage_mv / v_top_mv) * math.exp(leak_per_c * (temp_c - 25.0))
+
+
+def leakage_share(util: float, deep_idle_leak_fraction: float, deep_idle: bool = True) -> float:
+    """Fraction of a domain's leakage drawn at utilisation ``util`` (0..1).
+
+    Busy units leak in full; idle units leak ``deep_idle_leak_fraction`` of theirs when a
+    deep idle state may power them down (``deep_idle``), else in full (WFI keeps them powered).
+    """
+    if not deep_idle:
+        return 1.0
+    return util + (1.0 - util) * deep_idle_leak_fraction
 
 
 class ThermalNetwork:

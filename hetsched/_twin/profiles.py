@@ -98,7 +98,14 @@ class DomainProfile:
     ops_per_cycle: float = 1.0
     """Compute domains: useful ops (MAC = 2) per clock for the whole domain at full utilisation."""
     gates_when_idle: bool = False
-    """Power-gated at zero utilisation (no leakage, no idle activity): Mali, RKNPU, Jetson GPU railgating."""
+    """Power-gated at zero utilisation (no leakage, no idle activity): Mali, RKNPU, Jetson GPU railgating.
+    Software can keep the block powered (Jetson ``railgate_enable=0``, as ``jetson_clocks`` does):
+    :meth:`~hetsched._twin.sim.SimBoard.set_power_gating`."""
+    deep_idle_leak_fraction: float = 1.0
+    """CPU clusters: fraction of the cluster's leakage still drawn by its *idle* cores while cpuidle
+    may use its deep state (``c7`` on Tegra, ``cpu-sleep`` on Rockchip power the core down; the
+    cluster's shared L3/DSU stays up). With cpuidle disabled (``jetson_clocks``), idle cores sit in
+    WFI, which gates the core clock but not its power: full leakage. 1.0: no deep idle state."""
 
     @property
     def available_hz(self) -> tuple[int, ...]:
@@ -345,7 +352,7 @@ def rk3588_profile(*, a76_bin_khz: int = 2256000) -> SocProfile:
         for f, v in ((3, 700), (4, 700), (5, 700), (6, 700), (7, 700), (8, 750), (9, 800), (10, 850))
     )
     dmc = (Opp(528_000_000, 675), Opp(1_068_000_000, 725), Opp(1_560_000_000, 800), Opp(2_112_000_000, 850))
-    cpu_common = dict(kind="cpu", transition_latency_ns=40000, boot_hz=816_000_000)
+    cpu_common = dict(kind="cpu", transition_latency_ns=40000, boot_hz=816_000_000, deep_idle_leak_fraction=0.5)
     domains = (
         DomainProfile(
             name="cluster0", opps=a55, capacitance=228.0, units=4, cpus=(0, 1, 2, 3),
@@ -477,6 +484,9 @@ def rk3588_profile(*, a76_bin_khz: int = 2256000) -> SocProfile:
             "domains.*.leak_w": "leakage is not published; small values keeping idle board power < 2 W",
             "domains.*.leak_per_c": "leakage doubling every ~35 C (generic CMOS rule of thumb)",
             "domains.*.idle_activity": "clock-tree / refresh activity at zero utilisation",
+            "domains.cluster*.deep_idle_leak_fraction": "not published: cpu-sleep powers an idle core down; "
+            "0.5 assumed for what stays (the shared L3/DSU, and idle spells shorter than the deep state's "
+            "target residency, which a utilisation-averaged model cannot see)",
             "domains.gpu.switch_latency_s": "devfreq transition latency not published (1 ms)",
             "domains.memory.switch_latency_s": "DMC frequency change latency not published (5 ms)",
             "domains.memory.bandwidth_efficiency": "70 % of LPDDR4x-4224 x 64-bit theoretical",
@@ -555,7 +565,7 @@ def _orin(
                 idle_activity=0.02, leak_w=0.05 * len(cpus), switch_latency_s=1e-3,
                 transition_latency_ns=1_000_000, thermal_node="cpu", boot_hz=729_600_000,
                 default_min_hz=729_600_000, cpus=cpus, cpu_part="0xd42", core_name="Cortex-A78AE",
-                capacity_dmips_mhz=1024, ops_per_cycle=len(cpus) * 4.0,
+                capacity_dmips_mhz=1024, ops_per_cycle=len(cpus) * 4.0, deep_idle_leak_fraction=0.5,
             )
         )
     domains.append(
@@ -622,6 +632,12 @@ def _orin(
         "checked against the Orin NX YOLOv5s split (GPU 2.9 W)",
         "domains.memory": "EMC/DRAM power unpublished; fitted to the Orin NX YOLOv5s DDR 1.4 W; V fixed",
         "domains.*.leak_w": "unpublished; sized so idle VDD_CPU_GPU_CV is ~0.5 W as in the tegrastats sample line",
+        "domains.cluster*.deep_idle_leak_fraction": "not published: c7 powers an idle A78AE core down; 0.5 "
+        "assumed for what stays (the shared L3/DSU, and idle spells shorter than c7's target residency), "
+        "which keeps the YOLOv5s CPU figure (seeds-digest §B) within calibration; jetson_clocks disables "
+        "c7 (soc-sysfs.md §2.6), leaving WFI: full leakage",
+        "domains.gpu.idle_activity": "0: an ungated idle GPU (railgate_enable=0) is modelled by its leakage "
+        "only (engine-level clock gating assumed to stop its clocks); a lower bound on its idle power",
         "domains.cluster*.transition_latency_ns": "cpuinfo_transition_latency not given for Orin; 1 ms (the "
         "measured time for a CPU clock to take effect, dvfs.md §3)",
         "nodes": "thermal R/C unpublished; dev-kit fan heatsink",
@@ -773,7 +789,7 @@ def orin_nano_profile() -> SocProfile:
         mem_capacitance=900.0,
         cv_online=False,
         rails=_p3767_rails(0.9),
-        board_static_w=2.4,
+        board_static_w=2.55,
         soc_static_w=0.9,
         package_r=3.2,
         package_c=30.0,

@@ -17,6 +17,10 @@ Kernel behaviour in the simulation:
 * Throttling: the layout's ``step_wise`` / ``power_allocator`` instances and vendor
   temperature caps lower each domain's effective maximum; the achieved clock is the
   kernel's pick within [min, effective max].
+* Idle power: blocks that power-gate when idle (Mali, RKNPU, Jetson GPU railgating) do so
+  unless :meth:`SimBoard.set_power_gating` turns it off (``railgate_enable=0``); idle CPU
+  cores use cpuidle's deep state unless :meth:`SimBoard.set_cpuidle` disables it
+  (``cpuidle/state*/disable``). ``jetson_clocks`` does both (soc-sysfs.md §2.6).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING
 from .._errors import TwinError, UnsupportedFrequencyError
 from .._snapshot import DomainState, RailState, Snapshot, ZoneState
 from .kernel import governor_target, pick_opp
-from .physics import PowerAllocator, SensorNoise, StepWise, TempCapState, ThermalNetwork
+from .physics import PowerAllocator, SensorNoise, StepWise, TempCapState, ThermalNetwork, leakage_share
 from .profiles import SocProfile, get_profile
 from .state import BoardState, boot_state, default_governor, governors_for
 
@@ -156,6 +160,9 @@ class SimBoard:
         self._leak = [d.leak_w for d in doms]
         self._leak_k = [d.leak_per_c for d in doms]
         self._gates = [d.gates_when_idle for d in doms]
+        self._gating_on = [d.gates_when_idle for d in doms]
+        self._deep_leak = [d.deep_idle_leak_fraction for d in doms]
+        self._cpuidle = True
         self._latency = [d.switch_latency_s for d in doms]
         self._bw_per_hz = [d.bytes_per_cycle * d.bandwidth_efficiency for d in doms]
         self._mem = next((i for i, d in enumerate(doms) if d.kind == "memory"), -1)
@@ -367,6 +374,51 @@ class SimBoard:
 
     def thermal_cap(self, domain: str) -> int | None:
         return self._cap[self._i(domain)]
+
+    def power_gating(self, domain: str) -> bool:
+        """Whether ``domain`` is power-gated when idle now (False for blocks that never gate).
+
+        Raises:
+            TwinError: unknown domain.
+        """
+        return self._gating_on[self._i(domain)]
+
+    def set_power_gating(self, domain: str, enabled: bool) -> None:
+        """Let ``domain`` power-gate when idle (the default) or keep it powered (Jetson
+        ``railgate_enable=0``): an ungated idle block draws its idle activity and leakage
+        at the current clock's voltage.
+
+        Raises:
+            TwinError: unknown domain, or one with no power gating to switch (CPU clusters,
+                memory).
+        """
+        i = self._i(domain)
+        if not self._gates[i]:
+            raise TwinError(f"{domain}: no power gating to switch (only {', '.join(self._gating_domains()) or 'none'})")
+        self._flush()
+        self._gating_on[i] = bool(enabled)
+        self._ver += 1
+        self._recompute_power(i)
+
+    def _gating_domains(self) -> list[str]:
+        return [n for n, g in zip(self._names, self._gates) if g]
+
+    @property
+    def cpuidle(self) -> bool:
+        """Whether idle CPU cores may use cpuidle's deep state (False: WFI only)."""
+        return self._cpuidle
+
+    def set_cpuidle(self, enabled: bool) -> None:
+        """Allow (default) or disable cpuidle's deep state on every CPU (``cpuidle/state*/disable``).
+
+        Disabled, idle cores wait in WFI and leak in full
+        (:attr:`~hetsched._twin.profiles.DomainProfile.deep_idle_leak_fraction`).
+        """
+        self._flush()
+        self._cpuidle = bool(enabled)
+        self._ver += 1
+        for i in range(len(self._names)):
+            self._recompute_power(i)
 
     def set_utilisation(self, domain: str, util: float) -> None:
         """Background utilisation (0..1) of ``domain`` until changed.
@@ -649,7 +701,7 @@ class SimBoard:
     def _recompute_power(self, i: int) -> None:
         u = self._util[i]
         oi = self._oi[i]
-        if self._gates[i] and u <= 0.0:
+        if self._gating_on[i] and u <= 0.0:
             self._dyn[i] = 0.0
             self._power[i] = 0.0
             return
@@ -658,6 +710,8 @@ class SimBoard:
         idle = full * self._idle_act[i]
         t = self.net.temps[self._node_of[i]]
         leak = self._leak[i] * (self._volt[i][oi] / self._vtop[i]) * math.exp(self._leak_k[i] * (t - 25.0))
+        if self._deep_leak[i] < 1.0:
+            leak *= leakage_share(u, self._deep_leak[i], self._cpuidle)
         self._dyn[i] = dyn
         self._power[i] = dyn + idle + leak
 
