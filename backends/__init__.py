@@ -14,15 +14,17 @@ from typing import Any
 
 from hetsched._errors import BackendUnavailableError
 
-from ._base import Backend, Capabilities, CompiledStage, Device, DeviceKind, OpRule
+from ._base import Backend, BindableStage, Capabilities, CompiledStage, Device, DeviceKind, OpRule, TensorSpec
 
 __all__ = [
     "Backend",
+    "BindableStage",
     "Capabilities",
     "CompiledStage",
     "Device",
     "DeviceKind",
     "OpRule",
+    "TensorSpec",
     "get_backend",
     "register_backend",
     "unregister_backend",

@@ -102,6 +102,10 @@ from ._governor import Phase as Phase
 from ._governor import PhaseStatistics as PhaseStatistics
 from ._governor import advise_batch_size as advise_batch_size
 from ._governed import GovernorHooks as GovernorHooks
+from ._session import Outputs as Outputs
+from ._runtime import ChannelStatistics as ChannelStatistics
+from ._runtime import StageIO as StageIO
+from ._runtime import rate_limited_copy as rate_limited_copy
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement
@@ -119,6 +123,7 @@ __all__ = (
     "BufferPool",
     "BufferState",
     "BufferStateError",
+    "ChannelStatistics",
     "ClusterInfo",
     "CompileError",
     "CostTable",
@@ -153,6 +158,7 @@ __all__ = (
     "ModelFormatError",
     "ModelNotFoundError",
     "OperatingPoint",
+    "Outputs",
     "PartitionError",
     "PathOutsideRootError",
     "Phase",
@@ -179,6 +185,7 @@ __all__ = (
     "Snapshot",
     "SocProfile",
     "StageExecutionError",
+    "StageIO",
     "StageSpec",
     "SyncSession",
     "SysfsError",
@@ -207,6 +214,7 @@ __all__ = (
     "get_profile",
     "known_socs",
     "load_model",
+    "rate_limited_copy",
     "resolve_devices",
 )
 

@@ -43,9 +43,14 @@ class Event(enum.StrEnum):
     Attributes:
         SESSION_START: the session planned, compiled and started its workers.
         REQUEST_START / REQUEST_END: around one ``run`` call.
-        BEFORE_STAGE / AFTER_STAGE: in the device's worker thread, around one stage run.
-        BEFORE_TRANSFER / AFTER_TRANSFER: around a cross-domain copy.
-        PREEMPTED / RESUMED: a low-priority copy was soft-suspended / resumed.
+        BEFORE_STAGE / AFTER_STAGE: in the device's worker thread, around one stage run;
+            ``AFTER_STAGE``'s ``extra`` is a :class:`hetsched.StageIO` (input and output
+            addresses, for checking zero-copy hand-offs).
+        BEFORE_TRANSFER / AFTER_TRANSFER: around a cross-domain copy, in the event loop;
+            ``extra`` is a :class:`hetsched.TransferInfo`.
+        PREEMPTED / RESUMED: a low-priority copy was soft-suspended / resumed (``extra`` as above).
+            A more urgent *stage* overtaking queued ones at a stage boundary is the scheduler's
+            normal order and fires no event.
         SESSION_END: workers stopped; fires even when the session exits with an error.
     """
 
