@@ -17,6 +17,7 @@ memory-bound work with the memory clock.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,19 +107,19 @@ class SimStage:
         return t, energy
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        import time
-
         t0 = time.perf_counter()
         out = self._inner.run(feeds)
-        host = time.perf_counter() - t0
+        self._account(time.perf_counter() - t0)
+        return out
+
+    def _account(self, host_s: float) -> None:
         t, e = self.modelled()
         with self._lock:
             self._runs += 1
             self._time += t
             self._energy += e
             self._last = t
-            self._host += host
-        return out
+            self._host += host_s
 
     def output_specs(self) -> Any:
         """The inner stage's static output specs (None: it cannot run in place)."""
@@ -127,18 +128,9 @@ class SimStage:
 
     def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Any) -> None:
         """Run in place through the inner stage, accounting the modelled time like :meth:`run`."""
-        import time
-
         t0 = time.perf_counter()
         self._inner.run_into(feeds, outputs)  # type: ignore[attr-defined]
-        host = time.perf_counter() - t0
-        t, e = self.modelled()
-        with self._lock:
-            self._runs += 1
-            self._time += t
-            self._energy += e
-            self._last = t
-            self._host += host
+        self._account(time.perf_counter() - t0)
 
     def statistics(self) -> SimStageStatistics:
         with self._lock:
