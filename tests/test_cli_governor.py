@@ -16,23 +16,10 @@ from pathlib import Path
 
 import pytest
 
-KNOB_GLOBS = (
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_governor",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_min_freq",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_max_freq",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_setspeed",
-    "sys/class/devfreq/*/governor",
-    "sys/class/devfreq/*/min_freq",
-    "sys/class/devfreq/*/max_freq",
-)
-
+from hetsched.testing import dvfs_knobs
 
 def _knobs(root: Path) -> dict[str, bytes]:
-    out = {}
-    for g in KNOB_GLOBS:
-        for p in sorted(root.glob(g)):
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
+    return dvfs_knobs(root)
 
 
 def _cli(*args: str) -> list[str]:

@@ -15,28 +15,12 @@ from hetsched._governor import Governor, GovernorWarning, Phase
 from hetsched._governor._sysfs import SysfsPort
 from hetsched._platform._fs import SysfsRoot
 from hetsched._twin.live import LiveTwin
-from hetsched.testing import build_board_tree
-
-KNOB_GLOBS = (
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_governor",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_min_freq",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_max_freq",
-    "sys/devices/system/cpu/cpufreq/policy*/scaling_setspeed",
-    "sys/class/devfreq/*/governor",
-    "sys/class/devfreq/*/min_freq",
-    "sys/class/devfreq/*/max_freq",
-    "sys/class/devfreq/*/userspace/set_freq",
-    "sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked",
-    "sys/kernel/nvpmodel_emc_cap/emc_iso_cap",
-)
+from hetsched.testing import build_board_tree, dvfs_knobs
 
 
 def knobs(root: Path) -> dict[str, bytes]:
     """Every knob the governor may touch, as raw bytes (absent ones simply missing)."""
-    out = {}
-    for pattern in KNOB_GLOBS:
-        for p in sorted(root.glob(pattern)):
-            out[str(p.relative_to(root))] = p.read_bytes()
+    out = dvfs_knobs(root)
     assert out
     return out
 

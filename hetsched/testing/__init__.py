@@ -3,10 +3,21 @@
 * :func:`build_board_tree` -- a consistent snapshot of an RK3588 / Orin sysfs tree under a
   temporary root (JP5/JP6 naming variants for Orin, vendor/mainline zone names for RK3588);
 * :class:`FakeBackend`, :func:`fake_device` -- a backend that runs stages with onnx's
-  pure-numpy reference evaluator (or your handler) and records what ran where.
+  pure-numpy reference evaluator (or your handler) and records what ran where;
+* :func:`dvfs_knobs` -- every clock knob under a root as bytes, to check a restore.
 """
 
 from ._boards import BOARD_SOCS, build_board_tree
 from ._fakes import FakeBackend, FakeCall, FakeStage, fake_device
+from ._knobs import DVFS_KNOB_GLOBS, dvfs_knobs
 
-__all__ = ["BOARD_SOCS", "FakeBackend", "FakeCall", "FakeStage", "build_board_tree", "fake_device"]
+__all__ = [
+    "BOARD_SOCS",
+    "DVFS_KNOB_GLOBS",
+    "FakeBackend",
+    "FakeCall",
+    "FakeStage",
+    "build_board_tree",
+    "dvfs_knobs",
+    "fake_device",
+]
