@@ -253,6 +253,9 @@ class Session:
     :param max_unit_nodes: cut unit subgraphs to at most this many nodes (1 = one node each).
     :param root: the filesystem root for hardware discovery and ``dev/dma_heap`` (a twin's root in tests).
     :param hooks: objects with :class:`Hooks` methods.
+    :param governor: a DVFS governor (anything with ``on_phase``, e.g. an entered
+        :class:`hetsched.Governor`): the session then emits PREPROCESS / INFER /
+        POSTPROCESS / IDLE itself (see :class:`hetsched.GovernorHooks`).
     :param device_states: utilisation / headroom per device fed to the policy.
     :param costs: a :class:`CostTable` of measured costs (one is created otherwise).
     :param max_in_flight: requests admitted at once; more wait (backpressure).
@@ -288,6 +291,7 @@ class Session:
         max_unit_nodes: int | None = None,
         root: str | os.PathLike[str] = "/",
         hooks: Sequence[object] = (),
+        governor: Any = None,
         device_states: Mapping[str, DeviceState] | None = None,
         costs: CostTable | None = None,
         max_in_flight: int = 64,
@@ -308,6 +312,10 @@ class Session:
         self._policy = policy
         self._max_unit_nodes = max_unit_nodes
         self._root = root
+        if governor is not None:
+            from ._governed import GovernorHooks
+
+            hooks = [*hooks, GovernorHooks(governor)]
         self._dispatch = HookDispatcher(hooks)
         self._device_states = dict(device_states or {})
         self.costs = costs if costs is not None else CostTable()
