@@ -44,6 +44,10 @@ class GovernorConfig:
     tune_passes: int = 2
     tune_repeats: int = 2
     """Runs of each candidate point averaged during auto-tune."""
+    lock_grace_s: float = 0.5
+    """How long a written clock may take to show before it counts as not followed (also at
+    least 20x the domain's transition latency). A driver, or a live twin in another process,
+    applies writes some time later; judging sooner flags healthy domains as locked."""
 
     def __post_init__(self) -> None:
         checks = {
@@ -58,6 +62,7 @@ class GovernorConfig:
             "tune_levels": self.tune_levels >= 2,
             "tune_passes": self.tune_passes >= 1,
             "tune_repeats": self.tune_repeats >= 1,
+            "lock_grace_s": self.lock_grace_s >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

@@ -147,7 +147,7 @@ class GovernorEngine:
         self._current: dict[str, int] = {}
         self._locked: set[str] = set()
         self._no_follow: dict[str, int] = {}
-        self._unverified: dict[str, tuple[int, int | None]] = {}
+        self._unverified: dict[str, tuple[int, int | None, float]] = {}
         self._saved: Any = None
         self._started = False
         self._restored = False
@@ -654,18 +654,28 @@ class GovernorEngine:
             self._writes += 1
             achieved = self.port.read(name)
             self._current[name] = hz
-            if achieved == hz or achieved is None:
-                self._no_follow[name] = 0
+            if achieved is None:
+                self._unverified.pop(name, None)
+            elif achieved == hz:
+                # Followed at once when it was a real change; asking for the value it already
+                # shows says nothing either way (an earlier unfollowed write is superseded).
+                if before is not None and before != hz:
+                    self._no_follow[name] = 0
                 self._unverified.pop(name, None)
             else:
-                # Not there yet: check again at the next decision or tick (a live twin or
-                # a slow driver applies it later; blocking here would stall the caller).
-                self._unverified[name] = (hz, before)
+                # Not there yet: judge it once the grace period has passed (a live twin or a
+                # slow driver applies it later; blocking here would stall the caller). A newer
+                # target supersedes an older one and restarts the wait.
+                self._unverified[name] = (hz, achieved, self.port.now())
 
     def _verify(self) -> None:
         """Domains written earlier that had not followed: did they, by now?"""
-        for name, (hz, before) in list(self._unverified.items()):
+        now = self.port.now()
+        for name, (hz, before, since) in list(self._unverified.items()):
+            grace = max(self.config.lock_grace_s, 20.0 * self.domains[name].transition_latency_s)
             achieved = self.port.read(name)
+            if achieved is not None and achieved != hz and achieved == before and now - since < grace:
+                continue  # not applied yet: give the driver its time
             del self._unverified[name]
             if achieved is None or achieved == hz:
                 self._no_follow[name] = 0
