@@ -147,7 +147,7 @@ def discover_cpu_clusters(root: str | os.PathLike[str] = "/") -> list[CpuCluster
         for c in online:
             cid = _read(base, f"cpu{c}/topology/cluster_id")
             groups.setdefault((cid or "0").strip(), []).append(c)
-        for cid, cpus_l in sorted(groups.items()):
+        for _cid, cpus_l in sorted(groups.items()):
             cap_text = _read(base, f"cpu{cpus_l[0]}/cpu_capacity")
             clusters.append(
                 CpuCluster(

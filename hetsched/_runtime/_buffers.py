@@ -518,9 +518,7 @@ class _Waiter:
         self.thread = threading.get_ident()
         native = anyio.lowlevel.current_token().native_token
         # asyncio: the loop's call_soon_threadsafe; trio: TrioToken.run_sync_soon
-        self.call: Callable[[Callable[[], object]], object] = getattr(native, "call_soon_threadsafe", None) or getattr(
-            native, "run_sync_soon"
-        )
+        self.call: Callable[[Callable[[], object]], object] = getattr(native, "call_soon_threadsafe", None) or native.run_sync_soon
 
 
 def _wake(waiters: Iterable[_Waiter]) -> None:

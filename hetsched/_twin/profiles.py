@@ -558,7 +558,7 @@ def _orin(
     cpu_hz = tuple(k * 1000 for k in _orin_cpu_khz(cpu_max_khz))
     cpu_opps = _ramp_opps(cpu_hz, 729_600_000, 600.0, 950.0 if cpu_max_khz <= 1984000 else 1000.0, cpu_hz[-1])
     domains: list[DomainProfile] = []
-    for i, cpus in enumerate(clusters):
+    for _i, cpus in enumerate(clusters):
         domains.append(
             DomainProfile(
                 name=f"cluster{cpus[0]}", kind="cpu", opps=cpu_opps, capacitance=560.0, units=len(cpus),

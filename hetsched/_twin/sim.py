@@ -941,7 +941,7 @@ class SimBoard:
                 if new != th.caps:
                     th.caps = new
                     changed = True
-        for i_dom, node, max_hz, st in self._vcaps:
+        for _i_dom, node, _max_hz, st in self._vcaps:
             if st.update(temps[node]):
                 changed = True
         if changed:

@@ -397,7 +397,7 @@ class BoardTree:
             self.put(f"{dev}/{f}", f"{v}\n", 0o644)
         self.put(f"{dev}/power/control", "auto\n", 0o644)
         of_name = "gpu" if jp6 else "ga10b"
-        of = f"sys/firmware/devicetree/base/bus@0/gpu@17000000" if jp6 else "sys/firmware/devicetree/base/gpu@17000000"
+        of = "sys/firmware/devicetree/base/bus@0/gpu@17000000" if jp6 else "sys/firmware/devicetree/base/gpu@17000000"
         self.put(f"{of}/name", of_name + "\0")
         self.put(f"{of}/compatible", "nvidia,ga10b\0")
         self.link(f"{dev}/of_node", of)
@@ -512,7 +512,7 @@ class BoardTree:
         return 10
 
     def _thermal_render(self, state: BoardState) -> None:
-        for zi, z in enumerate(self.layout.zones):
+        for zi, _z in enumerate(self.layout.zones):
             t = state.zone_temps_c[zi]
             if t is None:
                 text = "" if self.offline_style == "eagain" else "-256000\n"
