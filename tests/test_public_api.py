@@ -127,3 +127,16 @@ def test_version_matches_pyproject() -> None:
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert hetsched.__version__ == meta["project"]["version"]
+
+
+def test_readme_tour_runs(tmp_path, capsys) -> None:
+    # The README's Python tour is what new users paste first: it must run as written.
+    import runpy
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = text.index("```python\nimport anyio") + len("```python\n")
+    script = tmp_path / "tour.py"
+    script.write_text(text[start : text.index("```", start)])
+    runpy.run_path(str(script), run_name="__main__")
+    assert "stage0" in capsys.readouterr().out
