@@ -95,6 +95,9 @@ class SessionStatistics:
     allocated them and they were handed over as they were (no pool buffer, no copy)."""
     unbound_stages: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Stages not run in place, with the reason."""
+    wakeups_coalesced: int = 0
+    """Finished NORMAL/BACKGROUND requests whose caller was woken together with a later one
+    (every worker still had queued work; see the scheduler's completion coalescing)."""
     bytes_copied_to_caller: int = 0
     """Bytes of the one documented copy of each output handed to a caller (0 with ``zero_copy``)."""
     bytes_staged: int = 0
@@ -568,6 +571,7 @@ class Session:
             stage_runs_bound=sch.stage_runs_bound if sch is not None else 0,
             stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
             stage_runs_to_caller=sch.stage_runs_to_caller if sch is not None else 0,
+            wakeups_coalesced=sch.wakeups_coalesced if sch is not None else 0,
             unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in self._stages
                                              if not st.bound}),
             bytes_copied_to_caller=sch.bytes_to_caller if sch is not None else 0,

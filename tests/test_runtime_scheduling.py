@@ -307,3 +307,64 @@ async def test_cpu_devices_on_the_same_cores_share_one_worker() -> None:
         assert s.statistics().devices == 2
     np.testing.assert_array_equal(out["y"], -np.maximum(_x(5), 0))
     assert threads == {"hetsched-a+b"}
+
+
+class _Slow(Hooks):
+    """Makes every stage take ``seconds`` longer, so queues build up behind one worker."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def before_stage(self, info: EventInfo) -> None:
+        time.sleep(self.seconds)
+
+
+@pytest.mark.anyio
+async def test_completions_are_coalesced_while_every_worker_has_queued_work(anyio_backend: str) -> None:
+    n = 24
+    results: list[Any] = [None] * n
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[_Slow(0.002)], max_in_flight=n) as s:
+        for i in range(3):  # one at a time: nothing is ever queued behind them, nothing deferred
+            await s.run({"x": _x(i)})
+        assert s.statistics().wakeups_coalesced == 0
+
+        async def one(i: int) -> None:
+            results[i] = await s.run({"x": _x(i)})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        st = s.statistics()
+        assert st.wakeups_coalesced > 0
+        assert (st.requests_completed, st.in_flight) == (n + 3, 0)  # none stranded
+        assert sum(p.live_buffers for p in st.pools.values()) == 0
+    for i, out in enumerate(results):
+        np.testing.assert_array_equal(out["y"], -np.maximum(_x(i), 0))
+
+
+@pytest.mark.anyio
+async def test_high_priority_completion_wakes_its_caller_at_once(anyio_backend: str) -> None:
+    order = _Order(hold_device="cpu:0")
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order, _Slow(0.005)], max_in_flight=32) as s:
+        woke: list[tuple[str, int]] = []  # (which, stages still queued when its caller woke)
+
+        async def tagged(tag: str, i: int, prio: Priority) -> None:
+            await s.run({"x": _x(i)}, priority=prio)
+            woke.append((tag, s.statistics().queued_stages))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(tagged, "background", i, Priority.BACKGROUND)
+            await anyio.to_thread.run_sync(order.entered.wait, 10)  # the worker holds the first stage
+            tg.start_soon(tagged, "high", 99, Priority.HIGH)
+            while s.statistics().queued_stages < 12:
+                await anyio.sleep(0.001)
+            order.release.set()
+        # HIGH overtook the queued BACKGROUND stages and its caller woke while most of them
+        # were still queued. BACKGROUND callers woke early only when delivered with HIGH's
+        # wake-up (the held first request); the others once the queue ran short.
+        high = [q for tag, q in woke if tag == "high"]
+        early = [q for tag, q in woke if tag == "background" and q >= 2]
+        assert high and high[0] >= 6
+        assert len(early) <= 2
+        assert s.statistics().wakeups_coalesced > 0
