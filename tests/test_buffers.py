@@ -111,6 +111,40 @@ def test_reuse_by_size_class(pool: BufferPool) -> None:
         b.array()
 
 
+def test_a_label_gets_back_the_block_it_had_when_that_block_is_free(pool: BufferPool) -> None:
+    a = pool.acquire_nowait(1000, label="stage0:x")
+    b = pool.acquire_nowait(1000, label="stage1:y")
+    pa, pb = a.ptr, b.ptr
+    a.release()
+    b.release()  # free list [a, b]: the most recently freed would go first
+    again_a = pool.acquire_nowait(1000, label="stage0:x")
+    again_b = pool.acquire_nowait(1000, label="stage1:y")
+    assert (again_a.ptr, again_b.ptr) == (pa, pb)  # each stage output keeps its address
+    again_a.release()
+    other = pool.acquire_nowait(1000, label="stage2:z")  # no home yet: the most recently freed
+    assert other.ptr == pa
+    taken = pool.acquire_nowait(1000, label="stage0:x")  # its block is taken: another one, now its home
+    p_taken = taken.ptr
+    assert p_taken not in (pa, pb)
+    for buf in (again_b, other, taken):
+        buf.release()
+    last = pool.acquire_nowait(1000, label="stage0:x")
+    assert last.ptr == p_taken
+    last.release()
+    st = pool.statistics()
+    assert st.live_buffers == 0 and st.reuses >= 4
+
+
+def test_homes_of_trimmed_slabs_are_forgotten(pool: BufferPool) -> None:
+    pool.acquire_nowait(5000, label="s:out").release()
+    assert pool.trim() > 0
+    buf = pool.acquire_nowait(5000, label="s:out")  # a new slab; the old home is gone, not reused
+    buf.array(np.uint8)[:] = 7
+    assert int(buf.array(np.uint8).sum()) == 7 * buf.nbytes
+    buf.release()
+    assert pool.statistics().live_buffers == 0
+
+
 def test_typed_views_without_copy(pool: BufferPool) -> None:
     b = pool.acquire_nowait((np.float32, (2, 3)), label="t")
     assert b.array().shape == (2, 3) and b.array().dtype == np.float32
