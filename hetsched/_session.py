@@ -461,6 +461,7 @@ class Session:
             await anyio.to_thread.run_sync(w.join)
             self._retired_runs += w.runs
         self._scheduler.flush_costs()
+        self._scheduler.fire_deferred()
         for w in workers:
             # requests still queued (run from tasks outside the session's block, or during a
             # re-plan) fail instead of waiting forever

@@ -323,7 +323,11 @@ class _Slow(Hooks):
 async def test_completions_are_coalesced_while_every_worker_has_queued_work(anyio_backend: str) -> None:
     n = 24
     results: list[Any] = [None] * n
-    async with Session(_two_stage(), devices=["cpu:0"], hooks=[_Slow(0.002)], max_in_flight=n) as s:
+    # cpu:1 runs nothing of this plan: an idle device the callers could not feed anyway does
+    # not stop the coalescing (their next requests start on cpu:0, which has queued work)
+    async with Session(_two_stage(), devices=["cpu:0", "cpu:1"], policy=Pinned("cpu:0"), hooks=[_Slow(0.002)],
+                       max_in_flight=n) as s:
+        assert {st.device for st in s.plan.stages} == {"cpu:0"}
         for i in range(3):  # one at a time: nothing is ever queued behind them, nothing deferred
             await s.run({"x": _x(i)})
         assert s.statistics().wakeups_coalesced == 0
@@ -368,3 +372,32 @@ async def test_high_priority_completion_wakes_its_caller_at_once(anyio_backend: 
         assert high and high[0] >= 6
         assert len(early) <= 2
         assert s.statistics().wakeups_coalesced > 0
+
+
+@pytest.mark.anyio
+async def test_coalescing_judges_the_workers_the_next_requests_start_on() -> None:
+    # A pipeline: relu on cpu:0 (slow, deep queue), neg on cpu:1. Requests finish on cpu:1;
+    # their callers' next requests start on cpu:0. Deep queue there: deferral is free.
+    # Once cpu:0 has no queued stage left, every finished request wakes its caller at once.
+    class SlowOn(Hooks):
+        def before_stage(self, info: EventInfo) -> None:
+            if info.device == "cpu:0":
+                time.sleep(0.003)
+
+    placement = Pinned(lambda u: "cpu:0" if "relu" in u.nodes else "cpu:1")
+    async with Session(_two_stage(), devices=["cpu:0", "cpu:1"], policy=placement, hooks=[SlowOn()],
+                       max_unit_nodes=1, max_in_flight=16) as s:
+        assert [st.device for st in s.plan.stages] == ["cpu:0", "cpu:1"]
+        queued_at_wake: list[int] = []
+
+        async def one(i: int) -> None:
+            await s.run({"x": _x(i)})
+            queued_at_wake.append(s.statistics().queued_stages)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(16):
+                tg.start_soon(one, i)
+        assert len(queued_at_wake) == 16
+        assert s.statistics().wakeups_coalesced > 0
+        # the last requests finish with cpu:0's queue empty: woken one by one, not held back
+        assert queued_at_wake[-1] == 0

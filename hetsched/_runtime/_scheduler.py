@@ -421,6 +421,8 @@ class DeviceWorkers:
             with lock:
                 # one token per pushed stage, so the heap is not empty; the most urgent goes first
                 _, _, req, st = pop(heap)
+            if sched._deferred:
+                sched.flush_deferred()  # this queue may have run short: refill it meanwhile
             run(req, st, self)
             if sched._deferred:
                 sched.flush_deferred()
@@ -473,8 +475,9 @@ class Scheduler:
         # Completion coalescing (see _wake_finished): finished requests whose callers have
         # not been woken yet, and how many queued stages keep every worker busy without them.
         self._deferred: list[Request] = []
-        self._busy_slack = 1
-        self._all_workers: list[DeviceWorkers] = []
+        self._deferred_entry: dict[int, DeviceWorkers] = {}
+        """The workers the deferred callers' next requests would start on."""
+        self._coalescing = False
         self.wakeups_coalesced = 0
         self.stage_runs_bound = 0
         self.stage_runs_unbound = 0
@@ -505,10 +508,9 @@ class Scheduler:
             w = DeviceWorkers([d.name for d in group], worker_cpus(group[0]), self)
             for d in group:
                 self.workers[d.name] = w
-        self._all_workers = self.unique_workers()
-        self._busy_slack = max(1, sum(w.concurrency for w in self._all_workers))
-        for w in self._all_workers:
+        for w in self.unique_workers():
             w.start()
+        self._coalescing = True
 
     def abort(self, requests: Sequence[Request], error: BaseException) -> None:
         """Fail requests whose queued stages will never run (the workers stopped). Event loop only."""
@@ -534,13 +536,19 @@ class Scheduler:
         workers = self.unique_workers()
         for w in workers:
             w.stop()
+        self._coalescing = False  # nothing is deferred from now on
         self.workers = {}
-        self._all_workers = []
+        self.fire_deferred()
+        return workers
+
+    def fire_deferred(self) -> None:
+        """Wake every caller whose wake-up is still deferred (event-loop thread; after the
+        workers have stopped, this catches one deferred while they were being stopped)."""
         with self._lock:
             deferred, self._deferred = self._deferred, []
-        for req in deferred:  # event-loop thread: wake them now
+            self._deferred_entry = {}
+        for req in deferred:
             self._fire(req)
-        return workers
 
     def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
         key = (tuple(wanted), tuple(fed))
@@ -683,21 +691,38 @@ class Scheduler:
     # request on a small model with every core busy. A NORMAL or BACKGROUND request that
     # finishes while every worker still has a queued stage to go on with gains nothing from
     # waking its caller now (the caller's next request would only queue behind them), so the
-    # wake-up waits for the next one that has to happen: when the queues run short, or when
-    # a HIGH/REALTIME request finishes. Then one wake-up delivers them all.
+    # wake-up waits for the next one that has to happen: when some worker's queue runs short
+    # (checked after every pop, so the callers refill it while it runs what it popped), or
+    # when a HIGH/REALTIME request finishes. Then one wake-up delivers them all.
 
-    def _all_queued(self) -> int:
-        return sum(len(w._heap) for w in self._all_workers)
+    @staticmethod
+    def _busy(workers: Sequence[DeviceWorkers]) -> bool:
+        """Each of ``workers`` has a queued stage for every thread of it (unlocked reads: a hint)."""
+        for w in workers:
+            if len(w._heap) < w.concurrency:
+                return False
+        return bool(workers)
 
     def _wake_finished(self, req: Request) -> None:
-        """Wake the task of ``req``, which finished without error (worker thread)."""
-        if req.priority >= _COALESCE_FROM and self._all_queued() >= self._busy_slack:
-            with self._lock:
-                self._deferred.append(req)
-                self.wakeups_coalesced += 1
-            return  # this worker re-checks after its stage (flush_deferred): none is stranded
+        """Wake the task of ``req``, which finished without error (worker thread).
+
+        The caller's next request most likely runs the same program, so it would start on the
+        workers of ``req``'s first stages: while those all have queued work, waking the caller
+        now cannot keep any worker from idling, and the wake-up is deferred.
+        """
+        if req.priority >= _COALESCE_FROM and self._coalescing:
+            workers = self.workers
+            entry = [workers[st.device] for st in req.program.initial if st.device in workers]
+            if self._busy(entry):
+                with self._lock:
+                    self._deferred.append(req)
+                    for w in entry:
+                        self._deferred_entry[id(w)] = w
+                    self.wakeups_coalesced += 1
+                return  # this worker re-checks right after this stage (flush_deferred): none is stranded
         with self._lock:
             batch, self._deferred = self._deferred, []
+            self._deferred_entry = {}
         if not batch:
             self._wake(req)
             return
@@ -708,11 +733,13 @@ class Scheduler:
             pass
 
     def flush_deferred(self) -> None:
-        """Deliver deferred wake-ups once the queues run short (worker thread, after a stage)."""
-        if self._all_queued() >= self._busy_slack:
-            return  # a queued stage will run, and its worker checks again afterwards
+        """Deliver the deferred wake-ups once a worker their callers would feed runs short
+        (worker thread, after each pop and each stage)."""
+        if self._busy(list(self._deferred_entry.values())):
+            return  # their queues still hold work; a worker checks again after its next pop
         with self._lock:
             batch, self._deferred = self._deferred, []
+            self._deferred_entry = {}
         if batch:
             try:
                 self._call_soon(self._fire_all, batch)
