@@ -97,7 +97,7 @@ class SessionStatistics:
     """Stages not run in place, with the reason."""
     wakeups_coalesced: int = 0
     """Finished NORMAL/BACKGROUND requests whose caller was woken together with a later one
-    (every worker still had queued work; see the scheduler's completion coalescing)."""
+    (the workers its next request would start on still had queued work; see README, Runtime)."""
     bytes_copied_to_caller: int = 0
     """Bytes of the one documented copy of each output handed to a caller (0 with ``zero_copy``)."""
     bytes_staged: int = 0

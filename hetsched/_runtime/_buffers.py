@@ -74,9 +74,10 @@ ALIGNMENT = 64
 """Every buffer's data starts on a multiple of this many bytes (a cache line)."""
 
 SLAB_BYTES = 256 * 1024
+"""Size of the shared slab that small size classes are carved from."""
+
 _MAX_HOMES = 4096
 """Labels whose last block a pool remembers (see BufferPool._pop_free_locked)."""
-"""Size of the shared slab that small size classes are carved from."""
 
 _U8 = np.dtype(np.uint8)
 

@@ -473,7 +473,7 @@ class Scheduler:
         self._new_waiter: Callable[[], Any] = native.create_future if self._asyncio else anyio.Event
         self._lock = threading.Lock()
         # Completion coalescing (see _wake_finished): finished requests whose callers have
-        # not been woken yet, and how many queued stages keep every worker busy without them.
+        # not been woken yet.
         self._deferred: list[Request] = []
         self._deferred_entry: dict[int, DeviceWorkers] = {}
         """The workers the deferred callers' next requests would start on."""
@@ -689,11 +689,12 @@ class Scheduler:
     # the event loop an epoll return and a self-pipe read, and costs the worker whose core
     # the loop thread lands on a preemption with its caches cold: ~0.1-0.2 ms of CPU per
     # request on a small model with every core busy. A NORMAL or BACKGROUND request that
-    # finishes while every worker still has a queued stage to go on with gains nothing from
-    # waking its caller now (the caller's next request would only queue behind them), so the
-    # wake-up waits for the next one that has to happen: when some worker's queue runs short
-    # (checked after every pop, so the callers refill it while it runs what it popped), or
-    # when a HIGH/REALTIME request finishes. Then one wake-up delivers them all.
+    # finishes while the workers its caller's next request would start on all have queued
+    # stages to go on with gains nothing from waking its caller now (that request would only
+    # queue behind them), so the wake-up waits for the next one that has to happen: when one
+    # of those workers' queues runs short (checked after every pop, so the callers refill it
+    # while it runs what it popped), or when a HIGH/REALTIME request finishes. Then one
+    # wake-up delivers them all.
 
     @staticmethod
     def _busy(workers: Sequence[DeviceWorkers]) -> bool:
