@@ -477,6 +477,8 @@ class Scheduler:
         self._deferred: list[Request] = []
         self._deferred_entry: dict[int, DeviceWorkers] = {}
         """The workers the deferred callers' next requests would start on."""
+        self._deferred_until = 0.0
+        """``time.monotonic()`` by which the deferred wake-ups are delivered in any case."""
         self._coalescing = False
         self.wakeups_coalesced = 0
         self.stage_runs_bound = 0
@@ -693,8 +695,10 @@ class Scheduler:
     # stages to go on with gains nothing from waking its caller now (that request would only
     # queue behind them), so the wake-up waits for the next one that has to happen: when one
     # of those workers' queues runs short (checked after every pop, so the callers refill it
-    # while it runs what it popped), or when a HIGH/REALTIME request finishes. Then one
-    # wake-up delivers them all.
+    # while it runs what it popped), when a HIGH/REALTIME request finishes, or at the latest
+    # once the oldest has waited _DEFER_FRACTION of its time in the system (a stream near
+    # saturation keeps queues deep for long: its results must still flow). Then one wake-up
+    # delivers them all.
 
     @staticmethod
     def _busy(workers: Sequence[DeviceWorkers]) -> bool:
@@ -715,12 +719,19 @@ class Scheduler:
             workers = self.workers
             entry = [workers[st.device] for st in req.program.initial if st.device in workers]
             if self._busy(entry):
+                now = time.monotonic()
                 with self._lock:
-                    self._deferred.append(req)
-                    for w in entry:
-                        self._deferred_entry[id(w)] = w
-                    self.wakeups_coalesced += 1
-                return  # this worker re-checks right after this stage (flush_deferred): none is stranded
+                    if not self._deferred:
+                        # the first one deferred sets how long the batch may wait: a fraction of
+                        # its time in the system so far, so no caller's latency grows by more
+                        age = now - (req.key - req.priority * self._step)
+                        self._deferred_until = now + max(_DEFER_MIN_S, _DEFER_FRACTION * age)
+                    if now < self._deferred_until:
+                        self._deferred.append(req)
+                        for w in entry:
+                            self._deferred_entry[id(w)] = w
+                        self.wakeups_coalesced += 1
+                        return  # this worker re-checks right after this stage (flush_deferred)
         with self._lock:
             batch, self._deferred = self._deferred, []
             self._deferred_entry = {}
@@ -736,7 +747,7 @@ class Scheduler:
     def flush_deferred(self) -> None:
         """Deliver the deferred wake-ups once a worker their callers would feed runs short
         (worker thread, after each pop and each stage)."""
-        if self._busy(list(self._deferred_entry.values())):
+        if self._busy(list(self._deferred_entry.values())) and time.monotonic() < self._deferred_until:
             return  # their queues still hold work; a worker checks again after its next pop
         with self._lock:
             batch, self._deferred = self._deferred, []
@@ -1015,3 +1026,7 @@ class Scheduler:
 _MISSING = object()
 _COALESCE_FROM = int(Priority.NORMAL)
 """Requests at least this patient (NORMAL, BACKGROUND) may have their wake-up coalesced."""
+_DEFER_FRACTION = 0.1
+"""A deferred wake-up waits at most this fraction of the request's time in the system..."""
+_DEFER_MIN_S = 0.0005
+"""...or this long, whichever is more."""
