@@ -15,7 +15,11 @@ each on a fresh :class:`~hetsched._twin.sim.SimBoard`:
                   ``rknpu_ondemand``, ``dmc_ondemand``; Orin ``nvhost_podgov`` + BPMP EMC);
 * ``best_static`` the single operating point with the least energy within the slowdown bound,
                   found by a coordinate-descent sweep of whole iterations;
-* ``oracle``      static per-phase points (the tuned profile's, switch costs charged), no guard.
+* ``oracle``      static per-phase points (the tuned profile's, switch costs charged), no guard;
+* ``hetsched_deadline`` (inference only, for information, not in the summary): the governor
+                  given the frame's deadline (``GovernorConfig.loop_deadline_s`` = 85 % of the
+                  period) instead of the 4 % slowdown bound: what a camera pipeline that only
+                  needs each frame done in time saves; its frames are slower by design.
 
 Energy is the board input (VDD_IN / modelled board total) over the whole run, idle gaps
 included; ``busy_s`` is the time the work itself took (for the frame-paced inference stream
@@ -33,7 +37,11 @@ are bounded by what the bound leaves: within 4-5 % slowdown the per-phase static
 itself reaches only ~0.80-0.89 of ``performance``'s energy (board static power, leakage,
 and time growing ~1/f in the compute-bound phases), and in the inference frame the slow
 domains (Jetson GPU 5 ms, EMC 8 ms; RK3588 DMC 5 ms) cannot switch inside a phase, so the
-phase-aware governor can only match the best static point there.
+phase-aware governor can only match the best static point there. ``benchmarks/governor_frontier.py``
+searches wider (a joint Lagrangian sweep of per-phase points, an idle-gap drop of the slow
+domains) and finds no per-phase static policy below ~0.80-0.88 within the bound. Given the
+frame's deadline instead (``hetsched_deadline``), the governor reaches ~0.70-0.73 with no
+extra missed frame: for a camera stream it is the deadline, not 4 %, that bounds the savings.
 
 Run: ``python benchmarks/governor.py [--quick]``.
 """
@@ -98,6 +106,7 @@ Step = tuple[Phase, PhaseWork]
 
 AMBIENT_C = 45.0
 FRAME_PERIOD_S = 1.0 / 30.0
+DEADLINE_SHARE = 0.85  # hetsched_deadline: a frame's work may take this share of the period
 
 
 def workloads(soc: str) -> dict[str, tuple[list[Step], float | None]]:
@@ -232,8 +241,10 @@ class PerPhaseStatic(Policy):
 class Hetsched(Policy):
     name = "hetsched"
 
-    def __init__(self, profile: GovernorProfile | None, config: GovernorConfig, autotune: bool = False) -> None:
+    def __init__(self, profile: GovernorProfile | None, config: GovernorConfig, autotune: bool = False,
+                 name: str = "hetsched") -> None:
         self.profile, self.config, self.autotune = profile, config, autotune
+        self.name = name
         self.gov: Governor | None = None
 
     def setup(self, board: SimBoard) -> None:
@@ -401,7 +412,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Static("best_static", static_pt),
                 PerPhaseStatic("oracle", oracle_pts),
             ]
+            deadline: Result | None = None
+            if period is not None:
+                # For information, outside the summary: the same governor told the frame's
+                # deadline (85 % of the period) instead of the 4 % slowdown bound.
+                dl_config = GovernorConfig(slowdown=SLOWDOWN, loop_deadline_s=DEADLINE_SHARE * period)
+                dl_profile, _ = tune_profile(soc, steps, period, dl_config, f"{soc}-{wname}-deadline")
+                policies.append(Hetsched(dl_profile, dl_config, name="hetsched_deadline"))
             results = {p.name: evaluate(soc, steps, period, p, iterations) for p in policies}
+            deadline = results.get("hetsched_deadline")
             for r in results.values():
                 rows.append((soc, wname, r))
             h, perf, best = results["hetsched"], results["performance"], results["best_static"]
@@ -419,11 +438,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "performance_throttle_events": perf.throttle_events,
                     "deadline_misses": h.misses,
                     "energy_vs_oracle": h.energy_j / results["oracle"].energy_j,
+                    **({} if deadline is None else {
+                        "hetsched_deadline_energy_vs_performance": deadline.energy_j / perf.energy_j,
+                        "hetsched_deadline_busy_vs_performance": deadline.busy_s / perf.busy_s,
+                        "hetsched_deadline_misses": deadline.misses,
+                        "hetsched_deadline_throttle_events": deadline.throttle_events,
+                    }),
                 }
             )
 
     hdr = (
-        f"{'soc':8} {'workload':8} {'policy':12} {'energy_J':>9} {'time_s':>8} {'busy_s':>8} {'EDP_Js':>10} "
+        f"{'soc':8} {'workload':8} {'policy':17} {'energy_J':>9} {'time_s':>8} {'busy_s':>8} {'EDP_Js':>10} "
         f"{'E/perf':>7} {'t/perf':>7} {'peak_C':>7} {'throt':>6} {'throt_s':>8} {'miss':>6}"
     )
     print(hdr)
@@ -432,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for soc, wname, r in rows:
         p = perf_of[(soc, wname)]
         print(
-            f"{soc:8} {wname:8} {r.policy:12} {r.energy_j:9.0f} {r.time_s:8.1f} {r.busy_s:8.1f} {r.edp:10.0f} "
+            f"{soc:8} {wname:8} {r.policy:17} {r.energy_j:9.0f} {r.time_s:8.1f} {r.busy_s:8.1f} {r.edp:10.0f} "
             f"{r.energy_j / p.energy_j:7.3f} {r.busy_s / p.busy_s:7.3f} {r.peak_c:7.1f} {r.throttle_events:6d} {r.throttled_s:8.1f}"
             f" {r.misses:6d}"
         )

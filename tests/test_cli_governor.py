@@ -84,3 +84,14 @@ def test_governor_needs_root_dir() -> None:
 
     with pytest.raises(SystemExit, match="--governor needs --root"):
         main(["run", "light_squeezenet", "--governor", "phase", "--requests", "1"])
+
+
+def test_frame_deadline_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hetsched._cli import main
+    from hetsched.testing import build_board_tree
+
+    build_board_tree(tmp_path, "rk3588")
+    rc = main(["run", "light_squeezenet", "--root", str(tmp_path), "--governor", "phase", "--frame-deadline-ms", "0",
+               "--requests", "1"])
+    assert rc != 0
+    assert "loop_deadline_s=0.0" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from hetsched import ProfileError
+from hetsched import GovernorError, ProfileError
 from hetsched._governor import (
     DecisionInput,
     DomainSpec,
@@ -115,6 +115,35 @@ def test_longest_phase_holds_the_slow_domains_and_tunes_on_the_whole_loop() -> N
     assert model.best is not None and model.best["cluster0"] > SPECS["cluster0"].min_hz
     # ... and the loop still costs less energy than at the top clocks.
     assert energy / 60 < max_energy * 0.97
+
+
+def test_a_loop_deadline_lets_the_frame_stretch_to_it_and_no_further() -> None:
+    # Frame-paced inference: at the top clocks a frame's work takes ~12 ms of its 33 ms. With
+    # a 20 ms deadline the governor may slow the loop to that (not just 5 %), and spends it.
+    max_busy, _ = _at_max()
+    deadline = 20e-3
+    results = {}
+    for name, cfg in (("slowdown", GovernorConfig(slowdown=0.05, tune_repeats=1)),
+                      ("deadline", GovernorConfig(slowdown=0.05, tune_repeats=1, loop_deadline_s=deadline))):
+        board = TableBoard(_table(), specs=dict(SPECS), lag_s={"gpu": 5e-3, "memory": 8e-3, "cluster0": 1e-3})
+        engine = GovernorEngine(board, config=cfg)
+        engine.start()
+        for _ in range(60):
+            _frames(board, engine, 25)
+            if engine.tuning_done:
+                break
+        assert engine.tuning_done
+        results[name] = _frames(board, engine, 60)
+    slow_busy, slow_energy = results["slowdown"]
+    dl_busy, dl_energy = results["deadline"]
+    assert slow_busy / 60 <= max_busy * 1.05 * 1.01
+    assert max_busy * 1.3 < dl_busy / 60 <= deadline * 1.01  # it used the deadline, and kept it
+    assert dl_energy < slow_energy * 0.95
+
+
+def test_loop_deadline_is_validated() -> None:
+    with pytest.raises(GovernorError, match="loop_deadline_s=0"):
+        GovernorConfig(loop_deadline_s=0)
 
 
 def test_settle_runs_keep_lagging_clocks_out_of_the_measurements() -> None:

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "restores every knob at the end, also on SIGTERM/SIGINT")
     g.add_argument("--slowdown", type=float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
     g.add_argument("--power-budget", type=float, default=None, metavar="W", help="hard power cap in watts")
+    g.add_argument("--frame-deadline-ms", type=float, default=None, metavar="MS",
+                   help="frame-paced work: one request's phases may take up to MS (instead of --slowdown); "
+                        "the governor finds the least energy that still meets it")
     g.add_argument("--governor-profile", metavar="PATH",
                    help="JSON profile to load if it exists, and to save what auto-tune learned to")
     g.add_argument("--dry-run", action="store_true", help="decide and log clock changes, write nothing")
@@ -153,11 +156,13 @@ def main(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         from hetsched._governed import GovernorHooks
-        from hetsched._governor import Governor
+        from hetsched._governor import Governor, GovernorConfig
 
         profile_path = Path(args.governor_profile) if args.governor_profile else None
+        deadline = None if args.frame_deadline_ms is None else args.frame_deadline_ms / 1e3
         gov = Governor(
-            args.root, slowdown=args.slowdown, power_budget_w=args.power_budget,
+            args.root, config=GovernorConfig(slowdown=args.slowdown, power_budget_w=args.power_budget,
+                                             loop_deadline_s=deadline),
             profile=profile_path if profile_path is not None and profile_path.exists() else None,
             workload=Path(str(args.model)).stem, dry_run=args.dry_run, handle_signals=False,
         )

@@ -26,6 +26,12 @@ class GovernorConfig:
     """Allowed time per unit of work over the performance point's, as a fraction (0.05 = 5 %)."""
     power_budget_w: float | None = None
     """Hard cap on predicted total power (sum of rails / board input), or None."""
+    loop_deadline_s: float | None = None
+    """Frame-paced work (a camera's inference loop): the longest one loop's working phases
+    (one PREPROCESS, INFER, POSTPROCESS each; idle excluded) may take. Auto-tune then spends
+    up to this instead of ``slowdown`` (never less than ``slowdown``): the least energy that
+    still meets the frame. Keep headroom for jitter (e.g. 0.85 x the frame period). None:
+    ``slowdown`` alone (and for training loops, whose length is not a deadline)."""
     power_margin: float = 0.04
     """Fraction of the budget kept free for prediction error."""
     thermal_margin_c: float = 2.0
@@ -53,6 +59,7 @@ class GovernorConfig:
         checks = {
             "slowdown": self.slowdown >= 0,
             "power_budget_w": self.power_budget_w is None or self.power_budget_w > 0,
+            "loop_deadline_s": self.loop_deadline_s is None or self.loop_deadline_s > 0,
             "power_margin": 0 <= self.power_margin < 0.5,
             "thermal_margin_c": self.thermal_margin_c >= 0,
             "thermal_horizon_s": self.thermal_horizon_s > 0,

@@ -510,23 +510,36 @@ class GovernorEngine:
             repeats=cfg.tune_repeats,
         )
 
+    def _loop_slowdown(self) -> float:
+        """The slowdown the loop as a whole may take: ``config.slowdown``, or with
+        ``config.loop_deadline_s`` what the deadline leaves over the loop's working phases
+        at the top clocks (each phase's fastest run), whichever is more."""
+        cfg = self.config
+        if cfg.loop_deadline_s is None:
+            return cfg.slowdown
+        loop_s = sum(t for p, t in self._shortest.items() if p is not Phase.IDLE)
+        if loop_s <= 0:
+            return cfg.slowdown
+        return max(cfg.slowdown, cfg.loop_deadline_s / loop_s - 1.0)
+
     def _slowdown_for(self, phase: Phase) -> float:
         """The slowdown bound ``phase`` is tuned to.
 
         The loop owner's tuning measured the other working phases of the loop as they ran
         then (untuned, at their top clocks) and spent the loop's bound on its own clocks;
         phases tuned after it share what it left of the loop's bound, in proportion to their
-        length, so the loop as a whole stays within ``config.slowdown``.
+        length, so the loop as a whole stays within :meth:`_loop_slowdown` (``config.slowdown``,
+        or the loop deadline). Without a loop owner every phase gets the loop's bound.
         """
-        cfg = self.config
+        base = self._loop_slowdown()
         owner = self._loop_owner
         model = self._models.get(owner) if owner is not None else None
         if (
             owner is None or phase is owner or model is None or model.unit != "loop"
             or model.best_measured is None or model.reference_s is None
         ):
-            return cfg.slowdown
-        spare_s = model.reference_s * (1.0 + cfg.slowdown) - model.best_measured.seconds
+            return base
+        spare_s = model.reference_s * (1.0 + base) - model.best_measured.seconds
         waiting = [
             p for p in self._shortest
             if p not in (Phase.IDLE, owner) and p not in self._models and p not in self._untunable
@@ -534,7 +547,7 @@ class GovernorEngine:
         span = sum(self._shortest[p] for p in waiting)
         if span <= 0 or spare_s <= 0:
             return 0.0
-        return min(cfg.slowdown, spare_s / span)
+        return min(base, spare_s / span)
 
     def _length(self, phase: Phase | None) -> float | None:
         """The length switching decisions assume for ``phase`` (see :attr:`_shortest`)."""
