@@ -73,10 +73,10 @@ def _at_max() -> tuple[float, float]:
     return busy, energy
 
 
-def _tune(board: TableBoard) -> GovernorEngine:
-    engine = GovernorEngine(board, config=GovernorConfig(slowdown=0.05, tune_repeats=1))
+def _tune(board: TableBoard, config: GovernorConfig | None = None) -> GovernorEngine:
+    engine = GovernorEngine(board, config=config or GovernorConfig(slowdown=0.05, tune_repeats=1))
     engine.start()
-    for _ in range(40):
+    for _ in range(60):
         _frames(board, engine, 25)
         if engine.tuning_done:
             break
@@ -126,14 +126,7 @@ def test_a_loop_deadline_lets_the_frame_stretch_to_it_and_no_further() -> None:
     for name, cfg in (("slowdown", GovernorConfig(slowdown=0.05, tune_repeats=1)),
                       ("deadline", GovernorConfig(slowdown=0.05, tune_repeats=1, loop_deadline_s=deadline))):
         board = TableBoard(_table(), specs=dict(SPECS), lag_s={"gpu": 5e-3, "memory": 8e-3, "cluster0": 1e-3})
-        engine = GovernorEngine(board, config=cfg)
-        engine.start()
-        for _ in range(60):
-            _frames(board, engine, 25)
-            if engine.tuning_done:
-                break
-        assert engine.tuning_done
-        results[name] = _frames(board, engine, 60)
+        results[name] = _frames(board, _tune(board, cfg), 60)
     slow_busy, slow_energy = results["slowdown"]
     dl_busy, dl_energy = results["deadline"]
     assert slow_busy / 60 <= max_busy * 1.05 * 1.01
