@@ -433,3 +433,34 @@ async def test_coalescing_judges_the_workers_the_next_requests_start_on() -> Non
         assert s.statistics().wakeups_coalesced > 0
         # the last requests finish with cpu:0's queue empty: woken one by one, not held back
         assert queued_at_wake[-1] == 0
+
+
+@pytest.mark.anyio
+async def test_callers_cancelled_while_their_wake_up_is_deferred_leak_nothing(anyio_backend: str) -> None:
+    import random
+
+    rng = random.Random(0)
+    outcomes = {"done": 0, "cancelled": 0}
+    async with Session(_two_stage(), devices=["cpu:0", "cpu:1"], max_unit_nodes=1, max_in_flight=32,
+                       hooks=[_Slow(0.0005)]) as s:
+        async def one(i: int) -> None:
+            with anyio.move_on_after(rng.uniform(0.0, 0.3)) as scope:
+                if i % 2:
+                    out = await s.run({"x": _x(i)}, zero_copy=True)
+                    with out:
+                        np.testing.assert_array_equal(out["y"], -np.maximum(_x(i), 0))
+                else:
+                    out = await s.run({"x": _x(i)})
+                    np.testing.assert_array_equal(out["y"], -np.maximum(_x(i), 0))
+                outcomes["done"] += 1
+            if scope.cancelled_caught:
+                outcomes["cancelled"] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(600):
+                tg.start_soon(one, i)
+        st = s.statistics()
+        assert outcomes["done"] > 0 and outcomes["cancelled"] > 0 and st.wakeups_coalesced > 0
+        assert st.in_flight == 0
+        assert sum(p.live_buffers for p in st.pools.values()) == 0
+    # and the session closed without a leak report (it would have raised BufferLeakError)
