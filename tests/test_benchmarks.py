@@ -1,0 +1,59 @@
+"""Every benchmark runs (in a small configuration) and ends with its one JSON line.
+
+Speed targets are measured by the benchmarks themselves, never asserted here; what is checked
+is that each script works and reports the fields its docstring promises, plus the benchmarks'
+correctness fields (outputs right, nothing copied or leaked).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+SMOKE: dict[str, tuple[list[str], set[str]]] = {
+    "plan_scaling.py": (["--repeats", "1", "--sizes", "100", "1000"], {"seconds_1k", "seconds_10k", "growth_10x"}),
+    "telemetry.py": (["--samples", "50", "--sim-seconds", "20"], {"sample_us", "sim_seconds_per_wall_second"}),
+    "twin_calibration.py": ([], {"max_rel_error", "rows"}),
+    "twin_speed.py": (["--seconds", "20"], {"sim_seconds_per_wall_second", "per_board"}),
+    "zero_copy.py": (["--requests", "10"], {"bytes_copied_same_domain", "stage_boundaries", "pointer_mismatches"}),
+    "priority.py": (["--rounds", "1", "--high-per-round", "4", "--warm-s", "0.05", "--bg-clients", "2"],
+                    {"high_p99_ratio", "fifo_high_p99_ratio", "transfer_preemptions"}),
+    "throughput.py": (["--requests", "8", "--rounds", "1"], {"ratio_vs_ort_best", "req_per_s"}),
+    "overhead.py": (["--model", "squeezenet", "--also", "", "--requests", "10", "--block", "5", "--warmup", "1"],
+                    {"ratio_1_stage", "ratio_4_stages", "by_model"}),
+    "governor.py": (["--quick", "--only", "rk3588:infer"],
+                    {"energy_vs_performance", "energy_vs_best_static", "slowdown_vs_performance", "throttle_events",
+                     "performance_throttle_events", "cases"}),
+    "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"], {"frontier_energy_vs_performance", "cases"}),
+}
+
+
+def _run(name: str, args: list[str], tmp_path: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    assert {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")} == set(SMOKE)
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> None:
+    args, fields = SMOKE[name]
+    result = _run(name, args, tmp_path)
+    assert fields <= set(result), sorted(fields - set(result))
+    if name == "zero_copy.py":
+        assert result["wrong_outputs"] == 0 and result["live_buffers_after"] == 0
+        assert result["bytes_copied_same_domain"] == 0 and result["pointer_mismatches"] == 0
+    if name == "governor.py":
+        assert [c["soc"] for c in result["cases"]] == ["rk3588"]
+        assert "hetsched_deadline_energy_vs_performance" in result["cases"][0]
