@@ -132,22 +132,18 @@ def find_ina3221(fs: SysfsRoot) -> list[PowerRail]:
     """INA3221 rails (hwmon driver, JP5/JP6; ``ina3221x`` IIO, JP4), in sensor/channel order."""
     rails: list[PowerRail] = []
     names: set[str] = set()
+
+    def add(raw: str | None, **where: str) -> None:
+        label = parse_label(raw)
+        if label is None or not is_connected_label(label) or label in names:
+            return
+        names.add(label)
+        rails.append(PowerRail(name=label, source="measured", **where))  # type: ignore[arg-type]
+
     for path, dev in _hwmon_dirs(fs):
         for ch in (1, 2, 3):
-            label = parse_label(fs.read_text(f"{path}/in{ch}_label"))
-            if label is None or not is_connected_label(label) or label in names:
-                continue
-            names.add(label)
-            rails.append(
-                PowerRail(
-                    name=label,
-                    source="measured",
-                    kind="hwmon",
-                    sensor=f"ina3221 {dev} ch{ch}",
-                    voltage_path=f"{path}/in{ch}_input",
-                    current_path=f"{path}/curr{ch}_input",
-                )
-            )
+            add(fs.read_text(f"{path}/in{ch}_label"), kind="hwmon", sensor=f"ina3221 {dev} ch{ch}",
+                voltage_path=f"{path}/in{ch}_input", current_path=f"{path}/curr{ch}_input")
     for dev in fs.listdir("sys/bus/i2c/devices"):
         base = f"sys/bus/i2c/devices/{dev}"
         for child in fs.listdir(base):
@@ -155,21 +151,9 @@ def find_ina3221(fs: SysfsRoot) -> list[PowerRail]:
                 continue
             iio = fs.realpath(f"{base}/{child}")
             for ch in range(8):
-                label = parse_label(fs.read_text(f"{iio}/rail_name_{ch}"))
-                if label is None or not is_connected_label(label) or label in names:
-                    continue
-                names.add(label)
-                rails.append(
-                    PowerRail(
-                        name=label,
-                        source="measured",
-                        kind="iio",
-                        sensor=f"ina3221x {dev} ch{ch}",
-                        voltage_path=f"{iio}/in_voltage{ch}_input",
-                        current_path=f"{iio}/in_current{ch}_input",
-                        power_path=f"{iio}/in_power{ch}_input",
-                    )
-                )
+                add(fs.read_text(f"{iio}/rail_name_{ch}"), kind="iio", sensor=f"ina3221x {dev} ch{ch}",
+                    voltage_path=f"{iio}/in_voltage{ch}_input", current_path=f"{iio}/in_current{ch}_input",
+                    power_path=f"{iio}/in_power{ch}_input")
     return rails
 
 

@@ -546,10 +546,7 @@ class Scheduler:
     def fire_deferred(self) -> None:
         """Wake every caller whose wake-up is still deferred (event-loop thread; after the
         workers have stopped, this catches one deferred while they were being stopped)."""
-        with self._lock:
-            deferred, self._deferred = self._deferred, []
-            self._deferred_entry = {}
-        for req in deferred:
+        for req in self._take_deferred():
             self._fire(req)
 
     def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
@@ -732,31 +729,34 @@ class Scheduler:
                             self._deferred_entry[id(w)] = w
                         self.wakeups_coalesced += 1
                         return  # this worker re-checks right after this stage (flush_deferred)
-        with self._lock:
-            batch, self._deferred = self._deferred, []
-            self._deferred_entry = {}
+        batch = self._take_deferred()
         if not batch:
             self._wake(req)
             return
         batch.append(req)
-        try:
-            self._call_soon(self._fire_all, batch)
-        except RuntimeError:
-            pass
+        self._post_all(batch)
 
     def flush_deferred(self) -> None:
         """Deliver the deferred wake-ups once a worker their callers would feed runs short
         (worker thread, after each pop and each stage)."""
         if self._busy(list(self._deferred_entry.values())) and time.monotonic() < self._deferred_until:
             return  # their queues still hold work; a worker checks again after its next pop
+        batch = self._take_deferred()
+        if batch:
+            self._post_all(batch)
+
+    def _take_deferred(self) -> list[Request]:
         with self._lock:
             batch, self._deferred = self._deferred, []
             self._deferred_entry = {}
-        if batch:
-            try:
-                self._call_soon(self._fire_all, batch)
-            except RuntimeError:
-                pass
+        return batch
+
+    def _post_all(self, batch: list[Request]) -> None:
+        """Wake the tasks of ``batch`` with one event-loop wake-up (any thread)."""
+        try:
+            self._call_soon(self._fire_all, batch)
+        except RuntimeError:
+            pass  # the event loop is gone (interpreter shutdown); nobody waits
 
     def _fire_all(self, batch: list[Request]) -> None:
         for req in batch:
