@@ -103,6 +103,8 @@ from ._governor import PhaseStatistics as PhaseStatistics
 from ._governor import advise_batch_size as advise_batch_size
 from ._governed import GovernorHooks as GovernorHooks
 from ._session import Outputs as Outputs
+from ._stream import ResultStream as ResultStream
+from ._stream import StreamStatistics as StreamStatistics
 from ._runtime import ChannelStatistics as ChannelStatistics
 from ._runtime import StageIO as StageIO
 from ._runtime import rate_limited_copy as rate_limited_copy
@@ -176,6 +178,7 @@ __all__ = (
     "ProfileError",
     "RailInfo",
     "RailState",
+    "ResultStream",
     "RuntimeStateError",
     "Session",
     "SessionStatistics",
@@ -187,6 +190,7 @@ __all__ = (
     "StageExecutionError",
     "StageIO",
     "StageSpec",
+    "StreamStatistics",
     "SyncSession",
     "SysfsError",
     "SysfsPermissionError",

@@ -30,7 +30,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -56,6 +56,7 @@ from ._plan import Plan, build_plan, unit_key
 from ._runtime._buffers import BufferPool, PoolStatistics, TensorBuffer, pools_for
 from ._runtime._domains import MemoryDomain, MemoryKind, Topology
 from ._runtime._scheduler import _MISSING, Admission, Scheduler, StageRuntime
+from ._stream import ResultStream
 from ._runtime._transfer import CopyFn, TransferEngine, TransferInfo, TransferStatistics
 
 __all__ = ["Outputs", "Session", "SessionStatistics", "SyncSession"]
@@ -350,6 +351,7 @@ class Session:
         self._feed_specs: dict[str, Any] = {}
         self._required: tuple[str, ...] = ()
         self._all_outputs: tuple[str, ...] = ()
+        self._streams: set[ResultStream] = set()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -562,7 +564,7 @@ class Session:
             requests_completed=self._stats["completed"],
             requests_failed=self._stats["failed"],
             requests_cancelled=self._stats["cancelled"],
-            in_flight=self._in_flight,
+            in_flight=self._in_flight + sum(st._in_flight for st in self._streams),
             stage_runs=self._retired_runs + (sum(w.runs for w in sch.unique_workers()) if sch is not None else 0),
             stages=len(self._stages),
             devices=len(workers),
@@ -640,6 +642,36 @@ class Session:
         if ort_form and not zero_copy:
             return [result[n] for n in wanted]
         return result
+
+    def map(self, source: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]], *,
+            priority: Priority | int = Priority.NORMAL, window: int | None = None, zero_copy: bool = False,
+            output_names: Sequence[str] | None = None) -> ResultStream:
+        """Run a stream of requests, one per item of ``source``; results come in source order.
+
+        ::
+
+            async with s.map(frames) as results:       # an iterable or async iterable of feeds
+                async for out in results:
+                    use(out)
+
+        The device workers admit the stream's next request as they finish one, and the event
+        loop is woken about once per ``window // 2`` results (see ``hetsched/_stream.py``):
+        the way to push a stream through at full throughput. Each result is what
+        ``run(feeds, priority=priority, zero_copy=zero_copy)`` returns. ``run()`` stays the
+        call for latency: a stream's result may wait until its batch is complete.
+
+        :param window: most requests of the stream in flight at once (default: four per
+            worker thread, at most ``max_in_flight``); it holds that many of the session's
+            admission slots while open (at least one, the rest as far as free when it opens).
+        :param output_names: the outputs wanted (default: all).
+        :raises RuntimeStateError: the session is not open (on entering the stream).
+        :raises InputError: ``source`` is not an iterable; an unknown output name (on entering);
+            an invalid item (in its place, while iterating).
+        :raises ValueError: ``priority`` is not a :class:`Priority`, ``window`` is not positive.
+        """
+        prio = int(priority if priority in _PRIORITIES else Priority(priority))
+        return ResultStream(self, source, priority=prio, window=window, zero_copy=zero_copy,
+                            output_names=output_names)
 
     def _feed_specs_for(self, index: GraphIndex) -> dict[str, tuple[np.dtype[Any] | None, tuple[int | None, ...] | None,
                                                                    list[Any]] | None]:

@@ -41,7 +41,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from .._errors import StageExecutionError
+from .._errors import RuntimeStateError, StageExecutionError
 from .._events import Event, EventInfo, HookDispatcher, Priority
 from ._buffers import BufferPool, TensorBuffer
 from ._domains import Topology
@@ -49,6 +49,7 @@ from ._transfer import TransferEngine
 
 __all__ = ["Admission", "DeviceWorkers", "Program", "Request", "Scheduler", "StageIO", "StageRuntime"]
 
+_NEW = object()
 _NO_AGING = 1.0e9  # seconds: larger than any admission-time difference, so priority always wins
 
 _LEARN_BATCH = 16
@@ -306,7 +307,7 @@ class Request:
     """One request in flight: its values, readiness counters and the references it owes."""
 
     __slots__ = ("closed", "copy_out", "done", "error", "event", "key", "lock", "missing", "owed", "priority",
-                 "program", "remaining", "result", "rid", "running", "vals", "work")
+                 "program", "remaining", "result", "rid", "running", "stream", "vals", "work")
 
     def __init__(self, rid: int, priority: int, key: float, program: Program, feeds: Mapping[str, Any], waiter: Any,
                  copy_out: bool = True):
@@ -327,6 +328,8 @@ class Request:
         self.event = waiter  # an asyncio future or an anyio Event: see Scheduler._new_waiter
         self.copy_out = copy_out
         self.result: list[tuple[str, Any]] | None = None
+        self.stream: Any = None
+        """The :class:`~hetsched.ResultStream` that admitted it (told instead of a waiting task)."""
 
     def drop_locked(self, buf: TensorBuffer, n: int = 1) -> None:
         """Release ``n`` of the references this request owes on ``buf`` (none twice)."""
@@ -606,6 +609,24 @@ class Scheduler:
                     req.finalize_locked()
             raise req.error
 
+    def push_initial(self, req: Request) -> None:
+        """Queue ``req``'s first stages (any thread). With the workers stopped (the session is
+        closing or re-planning) the request fails instead of waiting for workers that are gone."""
+        workers = self.workers
+        for st in req.program.initial:
+            w = workers.get(st.device)
+            if w is None:
+                with req.lock:
+                    if req.closed:
+                        return
+                    req.error = RuntimeStateError("the session stopped its device workers")
+                    req.closed = True
+                    if not req.running:
+                        req.finalize_locked()
+                self._wake(req)
+                return
+            w.push(req, st)
+
     def take_outputs(self, req: Request) -> list[tuple[str, Any]]:
         """The wanted values, closing the request: arrays the caller owns (copied once when the
         request finished) or, without ``copy_out``, buffers carrying the caller's one reference."""
@@ -651,9 +672,10 @@ class Scheduler:
                 self.bytes_to_caller += copied
 
     def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
-                    copy_out: bool = True) -> Request:
-        return Request(rid, priority, time.monotonic() + priority * self._step, program, feeds, self._new_waiter(),
-                       copy_out)
+                    copy_out: bool = True, waiter: Any = _NEW) -> Request:
+        """A request admitted now (any thread; a stream's requests pass ``waiter=None``)."""
+        return Request(rid, priority, time.monotonic() + priority * self._step, program, feeds,
+                       self._new_waiter() if waiter is _NEW else waiter, copy_out)
 
     # Waking the request's task. On asyncio a bare future is used: resolving one is the
     # cheapest cross-thread wake-up asyncio has (an anyio Event adds layers that cost tens of
@@ -668,6 +690,9 @@ class Scheduler:
 
     def _fire(self, req: Request) -> None:
         """Wake ``req``'s task (event-loop thread only)."""
+        if req.stream is not None:
+            req.stream._finished(req)
+            return
         if self._asyncio:
             if not req.event.done():
                 req.event.set_result(None)
@@ -676,6 +701,9 @@ class Scheduler:
 
     def _wake(self, req: Request) -> None:
         """Wake ``req``'s task from any thread."""
+        if req.stream is not None:
+            req.stream._finished(req)  # thread-safe; admits the stream's next request
+            return
         if threading.get_ident() == self._loop_thread:
             self._fire(req)
             return
@@ -1013,7 +1041,10 @@ class Scheduler:
         for nxt in ready:
             self.workers[nxt.device].push(req, nxt)
         if finished:
-            self._wake_finished(req)
+            if req.stream is not None:
+                req.stream._finished(req)
+            else:
+                self._wake_finished(req)
         elif notify:
             self._wake(req)
 

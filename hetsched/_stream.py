@@ -1,0 +1,479 @@
+"""Streams of requests: ``Session.map``, whose device workers admit the next request themselves.
+
+A caller awaiting ``run()`` once per request costs the event loop two round trips per
+request (admit, then wake the caller), each a preemption of a busy worker when every core
+runs stages. A stream knows its next requests in advance, so the loop only has to keep a
+queue of validated inputs topped up and hand results over, a batch at a time::
+
+    async with session.map(frames) as results:       # frames: an iterable or async iterable of feeds
+        async for out in results:                     # in input order
+            use(out)
+
+    feeder task (event loop)          worker thread, on finishing a stream request
+    ------------------------          ----------------------------------------------
+    take items from the source        under the stream's lock:
+    validate them (InputError)            pop the next pending input, admit it (push its
+    append to pending; admit while            first stages onto the device queues)
+      fewer than ``window`` in flight     wake the loop only when it has something to do:
+    sleep while pending is full             the feeder, pending down to half of ``window``;
+                                            the consumer, ``window // 2`` results ready in
+                                            order, or nothing queued behind them (a source
+                                            slower than the devices gets each result at once),
+                                            or nothing left in flight, or a failure
+
+So with a fast source the loop wakes about once per ``window // 2`` requests instead of
+twice per request, and a result waits at most until that batch is complete. ``run()``
+remains the call for latency: a single request never waits for others.
+
+Requests with cross-domain transfers (their transfers are driven by the event loop) and
+sessions with ``REQUEST_START``/``REQUEST_END`` hooks (which run on the loop, e.g. the
+governor's) take the general path: the stream then runs up to ``window`` ordinary requests
+at once, with the same ordering and error rules.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from ._errors import InputError, RuntimeStateError
+from ._events import Event
+from ._runtime._scheduler import Request
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["ResultStream", "StreamStatistics"]
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    """A snapshot of a :class:`ResultStream`."""
+
+    window: int
+    """Requests of this stream in flight at most (session admission slots it holds)."""
+    taken: int
+    """Items taken from the source and validated."""
+    admitted: int
+    """Requests started."""
+    admitted_by_workers: int
+    """Of those, started by a device worker as it finished the previous one (no event-loop round trip)."""
+    delivered: int
+    """Results handed to the consumer."""
+    failed: int
+    """Requests that failed (the stream raised the first failure and stopped)."""
+    in_flight: int
+    """Requests started and not yet finished."""
+    pending: int
+    """Validated inputs waiting to be admitted."""
+    loop_wakeups: int
+    """Times a worker woke the event loop for this stream (the feeder, the consumer or both)."""
+    worker_admission: bool
+    """True: workers admit requests (the fast path); False: the general path (see the module)."""
+
+
+class _Job:
+    """One request of the general path: a task in the stream's task group runs it."""
+
+    __slots__ = ("closed", "done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.closed = False
+        self.error: BaseException | None = None
+        self.result: Any = None
+
+
+class ResultStream(AsyncIterator[Any]):
+    """Results of ``Session.map(source)``, in the order of the source's items.
+
+    Use it as ``async with session.map(source) as results: async for out in results: ...``;
+    the ``async with`` block owns everything the stream starts: leaving it (also on error
+    or cancellation) stops taking items, drops the requests not yet run and returns their
+    buffers, and gives back the session's admission slots.
+
+    Each result is what ``run(feeds)`` would return: ``{output name: array}`` (arrays the
+    caller keeps), or :class:`~hetsched.Outputs` with ``zero_copy=True`` (release each).
+
+    Errors surface at the position they belong to: an item that is not valid feeds raises
+    :class:`~hetsched.InputError` after the results of the items before it; a failing
+    request raises its :class:`~hetsched.StageExecutionError` in its place; an exception
+    raised by the source itself is re-raised there. The stream ends after raising.
+    """
+
+    def __init__(self, session: Session, source: Iterable[Any] | AsyncIterable[Any], *, priority: int,
+                 window: int | None, zero_copy: bool, output_names: Sequence[str] | None):
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
+        if not isinstance(source, (Iterable, AsyncIterable)) or isinstance(source, (dict, str, bytes)):
+            raise InputError(f"map() takes an iterable or async iterable of feeds, got {type(source).__name__}")
+        self._session = session
+        self._source = source
+        self._priority = priority
+        self._window_arg = window
+        self._zero_copy = zero_copy
+        self._output_names = None if output_names is None else list(output_names)
+        self._lock = threading.Lock()
+        self._pending: deque[tuple[dict[str, Any], Any]] = deque()
+        self._order: deque[Any] = deque()
+        self._window = 0
+        self._low = 0
+        self._batch = 1
+        self._in_flight = 0
+        self._closing = False
+        self._entered = False
+        self._ended = False
+        self._source_done = False
+        self._source_error: BaseException | None = None
+        self._fast = False
+        self._posted = False
+        self._consumer_waiter: Any = None
+        self._feeder_waiter: Any = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._slots = 0
+        self._taken = 0
+        self._admitted = 0
+        self._by_workers = 0
+        self._delivered = 0
+        self._failed = 0
+        self._loop_wakeups = 0
+        self._folded_admitted = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> ResultStream:
+        if self._entered:
+            raise RuntimeStateError("a ResultStream can be entered once")
+        s = self._session
+        sch = s._scheduler
+        limiter = s._limiter
+        if not s._open or sch is None or limiter is None:
+            raise RuntimeStateError("Session is not open: use 'async with Session(...)' before map()")
+        wanted = s._all_outputs if self._output_names is None else self._output_names
+        for name in wanted:
+            if name not in s._output_source:
+                raise InputError(f"unknown output name {name!r}; the model's outputs are {list(s._all_outputs)}")
+        self._wanted = tuple(wanted)
+        self._sch = sch
+        threads = sum(w.concurrency for w in sch.unique_workers()) or 1
+        want = self._window_arg if self._window_arg is not None else max(2, 4 * threads)
+        want = min(want, s._max_in_flight)
+        await limiter.acquire()  # one slot waited for; more only if free now (two streams never deadlock)
+        self._slots = 1
+        while self._slots < want and limiter.try_acquire():
+            self._slots += 1
+        self._window = self._slots
+        self._low = self._window // 2
+        self._batch = max(1, self._window // 2)
+        topo = s._topology
+        assert topo is not None
+        domains = {st.domain for st in s._stages} | {s._host}
+        self._fast = (
+            all(topo.shares_memory(a, b) for a in domains for b in domains)
+            and not s._dispatch.listeners[Event.REQUEST_START]
+            and not s._dispatch.listeners[Event.REQUEST_END]
+        )
+        self._new_waiter = sch._new_waiter
+        self._asyncio = sch._asyncio
+        self._call_soon = sch._call_soon
+        self._entered = True
+        s._streams.add(self)
+        try:
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            self._tg.start_soon(self._feed)
+        except BaseException:
+            self._tg = None
+            self._release()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
+        tg, self._tg = self._tg, None
+        try:
+            self._close()
+            if tg is not None:
+                # the stream's own tasks (the feeder, general-path requests) never raise: they
+                # are only cancelled here; the block's exception propagates as it is, ungrouped
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+            return None
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        s = self._session
+        self._fold()
+        s._streams.discard(self)
+        limiter = s._limiter
+        slots, self._slots = self._slots, 0
+        if limiter is not None:
+            for _ in range(slots):
+                limiter.release()
+
+    def _close(self) -> None:
+        """Stop admitting; close every request not yet delivered (buffers back to the pools)."""
+        with self._lock:
+            self._closing = True
+            self._ended = True
+            self._pending.clear()
+            order, self._order = self._order, deque()
+        for item in order:
+            if type(item) is Request:
+                with item.lock:
+                    item.closed = True
+                    if item.running == 0:
+                        item.finalize_locked()
+            else:
+                item.closed = True  # its task is cancelled with the task group
+                result = item.result
+                if result is not None and hasattr(result, "release"):
+                    result.release()
+
+    def _fold(self) -> None:
+        """Account this stream's admissions to the session's counters (event loop)."""
+        s = self._session
+        with self._lock:
+            n = self._admitted - self._folded_admitted
+            self._folded_admitted = self._admitted
+        if n:
+            s._stats["started"] += n
+        total = s._in_flight + sum(st._in_flight for st in s._streams)
+        if total > s._peak_in_flight:
+            s._peak_in_flight = total
+
+    # -- the source side (event loop) -------------------------------------------------------
+
+    async def _feed(self) -> None:
+        try:
+            src = self._source
+            if isinstance(src, AsyncIterable):
+                async for item in src:
+                    if not await self._put(item):
+                        return
+            else:
+                for item in src:
+                    if not await self._put(item):
+                        return
+        except Exception as exc:  # the source's own error or an invalid item: raised in its place
+            self._source_error = exc
+        finally:
+            with self._lock:
+                self._source_done = True
+            self._wake_consumer_here()
+
+    async def _put(self, item: Any) -> bool:
+        """Validate ``item`` and queue it; False once the stream is closing."""
+        s = self._session
+        try:
+            feeds = s._check_feeds(item)
+        except InputError as exc:
+            raise InputError(f"map() item {self._taken}: {exc}") from None
+        prog = self._sch.program(self._wanted, tuple(feeds))
+        self._taken += 1
+        while True:
+            with self._lock:
+                if self._closing:
+                    return False
+                if len(self._pending) < self._window:
+                    self._pending.append((feeds, prog))
+                    break
+                self._feeder_waiter = waiter = self._new_waiter()
+            await self._wait(waiter)
+        if self._fast:
+            with self._lock:
+                admitted = self._admit_locked()
+            for req in admitted:
+                self._sch.push_initial(req)
+        else:
+            while True:
+                with self._lock:
+                    if self._closing:
+                        return False
+                    if self._in_flight < self._window:
+                        feeds, prog = self._pending.popleft()
+                        job = _Job()
+                        self._order.append(job)
+                        self._in_flight += 1
+                        self._admitted += 1
+                        break
+                    self._feeder_waiter = waiter = self._new_waiter()
+                await self._wait(waiter)
+            assert self._tg is not None
+            self._tg.start_soon(self._run_job, job, feeds)
+        return True
+
+    def _admit_locked(self) -> list[Request]:
+        """Admit pending inputs while fewer than ``window`` run (under the stream's lock)."""
+        out: list[Request] = []
+        pending = self._pending
+        s = self._session
+        while pending and self._in_flight < self._window and not self._closing:
+            feeds, prog = pending.popleft()
+            req = self._sch.new_request(next(s._ids), self._priority, prog, feeds, copy_out=not self._zero_copy,
+                                        waiter=None)
+            req.stream = self
+            self._order.append(req)
+            self._in_flight += 1
+            self._admitted += 1
+            out.append(req)
+        return out
+
+    async def _run_job(self, job: _Job, feeds: dict[str, Any]) -> None:
+        try:
+            job.result = await self._session._execute(feeds, self._wanted, self._priority, self._zero_copy)
+        except Exception as exc:
+            job.error = exc
+        job.done = True
+        with self._lock:
+            self._in_flight -= 1
+            if job.closed and job.result is not None and hasattr(job.result, "release"):
+                job.result.release()  # the stream closed while it ran: nobody will take it
+        self._wake_feeder_here()
+        self._wake_consumer_here()
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    def _finished(self, req: Request) -> None:
+        """``req`` finished or failed (a worker thread, or the loop on abort)."""
+        with self._lock:
+            self._in_flight -= 1
+            if req.error is not None:
+                self._failed += 1
+            admitted = self._admit_locked()
+            self._by_workers += len(admitted)
+            wake = self._needs_loop_locked()
+            if wake:
+                self._posted = True
+        sch = self._sch
+        for nxt in admitted:
+            sch.push_initial(nxt)
+        if wake:
+            try:
+                self._call_soon(self._on_wake)
+            except RuntimeError:
+                pass  # the event loop is gone (interpreter shutdown); nobody waits
+
+    def _needs_loop_locked(self) -> bool:
+        if self._posted:
+            return False
+        if self._feeder_waiter is not None and len(self._pending) <= self._low:
+            return True
+        if self._consumer_waiter is None or not self._order:
+            return False
+        head = self._order[0]
+        if not (head.done or head.closed):
+            return False
+        if head.error is not None or not self._pending or not self._in_flight:
+            return True
+        ready = 0
+        for r in self._order:
+            if not (r.done or r.closed):
+                return False
+            ready += 1
+            if ready >= self._batch:
+                return True
+        return False
+
+    def _on_wake(self) -> None:
+        """On the event loop: wake whoever waits (the feeder, the consumer)."""
+        with self._lock:
+            self._posted = False
+            self._loop_wakeups += 1
+            waiters = (self._feeder_waiter, self._consumer_waiter)
+            self._feeder_waiter = self._consumer_waiter = None
+        for w in waiters:
+            if w is not None:
+                self._set(w)
+
+    def _wake_consumer_here(self) -> None:
+        with self._lock:
+            w, self._consumer_waiter = self._consumer_waiter, None
+        if w is not None:
+            self._set(w)
+
+    def _wake_feeder_here(self) -> None:
+        with self._lock:
+            w, self._feeder_waiter = self._feeder_waiter, None
+        if w is not None:
+            self._set(w)
+
+    def _set(self, waiter: Any) -> None:
+        if self._asyncio:
+            if not waiter.done():
+                waiter.set_result(None)
+        else:
+            waiter.set()
+
+    async def _wait(self, waiter: Any) -> None:
+        if self._asyncio:
+            await waiter
+        else:
+            await waiter.wait()
+
+    # -- the consumer side -------------------------------------------------------------------
+
+    def __aiter__(self) -> ResultStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The next result in source order.
+
+        :raises StopAsyncIteration: the source is exhausted and every result was handed over,
+            or the stream raised an error before.
+        :raises InputError: an item is not valid feeds (names the item's index and the input).
+        :raises StageExecutionError: the request of this item failed (names stage and device).
+        :raises RuntimeStateError: used outside its ``async with`` block.
+        """
+        if not self._entered or self._tg is None:
+            if self._ended:
+                raise StopAsyncIteration
+            raise RuntimeStateError("iterate a ResultStream inside 'async with session.map(...) as results'")
+        while True:
+            with self._lock:
+                if self._ended:
+                    raise StopAsyncIteration
+                if self._order:
+                    head = self._order[0]
+                    if head.done or head.closed:
+                        self._order.popleft()
+                        break
+                elif not self._pending and self._source_done:
+                    error = self._source_error
+                    self._source_error = None
+                    self._ended = True
+                    if error is not None:
+                        raise error
+                    raise StopAsyncIteration
+                self._consumer_waiter = waiter = self._new_waiter()
+            await self._wait(waiter)
+        self._fold()
+        s = self._session
+        if head.error is not None:
+            if type(head) is Request:  # a general-path job was counted by the run that failed
+                s._stats["failed"] += 1
+            self._close()
+            raise head.error
+        self._delivered += 1
+        if type(head) is Request:
+            s._stats["completed"] += 1
+            sch = self._sch
+            return s._deliver(sch, sch.take_outputs(head), self._zero_copy)
+        return head.result
+
+    def statistics(self) -> StreamStatistics:
+        with self._lock:
+            return StreamStatistics(
+                window=self._window, taken=self._taken, admitted=self._admitted,
+                admitted_by_workers=self._by_workers, delivered=self._delivered, failed=self._failed,
+                in_flight=self._in_flight, pending=len(self._pending), loop_wakeups=self._loop_wakeups,
+                worker_admission=self._fast,
+            )
