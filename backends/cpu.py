@@ -94,6 +94,12 @@ class CpuStage:
         # onnxruntime's Python run_with_iobinding only adds WebGPU graph-capture bookkeeping on
         # top of this call; on the CPU EP the C++ method alone is the same run, ~15 us cheaper
         raw = getattr(getattr(session, "_sess", None), "run_with_iobinding", None)
+        plain = getattr(getattr(session, "_sess", None), "run", None)
+        # onnxruntime's Python run() adds graph-capture and name checks to this C++ call;
+        # with WebGPU graph capture it must stay on the public path (never on the CPU EP)
+        capture = getattr(getattr(session, "_sess", None), "is_webgpu_graph_capture_enabled", None)
+        self._raw_plain_run = plain if callable(plain) and not (callable(capture) and capture()) else None
+        self._output_list = list(self.output_names)
         probe = session.io_binding()
         self._raw_run = raw if callable(raw) and hasattr(probe, "_iobinding") else None
         specs = [_static_spec(o) for o in outputs]
@@ -117,6 +123,11 @@ class CpuStage:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         try:
+            raw = self._raw_plain_run
+            if raw is not None and len(feeds) == len(self.input_names):
+                # every input fed (the session validated names, dtypes and shapes already):
+                # the C++ run alone, without the Python wrapper's re-validation of the names
+                return raw(self._output_list, feeds, self._run_options)
             return self._session.run(None, dict(feeds), self._run_options)
         except Exception as exc:  # onnxruntime raises several unrelated types
             raise self._error(exc) from exc

@@ -82,6 +82,14 @@ def _pipeline(units: Any) -> str:
     return "cpu:0" if units.nodes[0] in ("relu", "neg") else "cpu:1"
 
 
+async def _settle(s: Session) -> None:
+    """A stage that was running when its request was dropped returns its buffers when it ends."""
+    with anyio.fail_after(5):
+        while s.statistics().pools["host"].bytes_in_use:
+            await anyio.sleep(0.005)
+    _assert_clean(s)
+
+
 def _assert_clean(s: Session) -> None:
     st = s.statistics()
     assert st.in_flight == 0
@@ -268,7 +276,7 @@ async def test_a_failing_request_raises_in_its_place_and_the_session_goes_on() -
         assert s.statistics().requests_failed == 1
         out = await s.run({"x": x, "s": np.array([3, 2], np.int64)})
         np.testing.assert_array_equal(out["y"], np.abs(x).reshape(3, 2))
-        _assert_clean(s)
+        await _settle(s)
 
 
 # -- leaving early, cancellation -------------------------------------------------------------------
@@ -287,10 +295,7 @@ async def test_leaving_the_block_early_drops_the_rest_without_leaks(zero_copy: b
         assert taken < 100  # the source was not drained
         with pytest.raises(StopAsyncIteration):
             await results.__anext__()
-        with anyio.fail_after(5):
-            while s.statistics().pools["host"].bytes_in_use:
-                await anyio.sleep(0.005)  # a stage that was running finishes and returns its buffers
-        _assert_clean(s)
+        await _settle(s)
         assert (await s.run({"x": _x(1)}))["y"].shape == (64,)
 
 
@@ -304,10 +309,7 @@ async def test_cancelling_the_consumer_leaks_nothing() -> None:
                     async for out in results:
                         out.release()
                         delivered += 1
-            with anyio.fail_after(5):
-                while s.statistics().pools["host"].bytes_in_use:
-                    await anyio.sleep(0.005)
-            _assert_clean(s)
+            await _settle(s)
         st = s.statistics()
         assert st.requests_failed == 0
 
@@ -354,7 +356,7 @@ async def test_general_path_errors_and_early_exit() -> None:
             async for out in results:
                 out.release()
                 break
-        _assert_clean(s)
+        await _settle(s)
 
 
 # -- streams alongside other callers ----------------------------------------------------------------
