@@ -10,7 +10,7 @@ shared machine hits them alike:
   pinned to its core, requests dealt round-robin (request ``i`` to session ``i % cores``);
 * ``hetsched_map``: ``Session`` with one CPU device of all cores and ``workers="per-core"``
   (one pinned worker per core running whole stages, single-threaded), fed as a stream:
-  ``async with s.map(requests) as results`` (``window`` = 4 per worker). The workers admit
+  ``async with s.map(requests) as results`` (default ``window``: 8 per worker). The workers admit
   the stream's next request as they finish one and the event loop wakes about once per
   ``window // 2`` results (``hetsched/_stream.py``);
 * ``hetsched``: the same session fed by ``--clients`` concurrent tasks each awaiting
@@ -148,7 +148,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         return singles[sum(1 for c in cuts[1:] if u.id >= c)].name
 
     async with (
-        Session(model, devices=[workers], max_in_flight=4 * len(cpus)) as dp,
+        Session(model, devices=[workers], max_in_flight=8 * len(cpus)) as dp,
         Session(model, devices=singles, policy=Pinned(pipeline), max_unit_nodes=units,
                 max_in_flight=4 * len(cpus)) as pipe,
     ):

@@ -660,7 +660,7 @@ class Session:
         ``run(feeds, priority=priority, zero_copy=zero_copy)`` returns. ``run()`` stays the
         call for latency: a stream's result may wait until its batch is complete.
 
-        :param window: most requests of the stream in flight at once (default: four per
+        :param window: most requests of the stream in flight at once (default: eight per
             worker thread, at most ``max_in_flight``); it holds that many of the session's
             admission slots while open (at least one, the rest as far as free when it opens).
         :param output_names: the outputs wanted (default: all).

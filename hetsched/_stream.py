@@ -34,6 +34,7 @@ at once, with the same ordering and error rules.
 from __future__ import annotations
 
 import threading
+from time import monotonic
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -121,7 +122,8 @@ class ResultStream(AsyncIterator[Any]):
         self._zero_copy = zero_copy
         self._output_names = None if output_names is None else list(output_names)
         self._lock = threading.Lock()
-        self._pending: deque[tuple[dict[str, Any], Any]] = deque()
+        self._pending: deque[Any] = deque()
+        """Validated inputs not admitted yet: Requests (fast path) or (feeds, program) pairs."""
         self._order: deque[Any] = deque()
         self._window = 0
         self._low = 0
@@ -163,7 +165,7 @@ class ResultStream(AsyncIterator[Any]):
         self._wanted = tuple(wanted)
         self._sch = sch
         threads = sum(w.concurrency for w in sch.unique_workers()) or 1
-        want = self._window_arg if self._window_arg is not None else max(2, 4 * threads)
+        want = self._window_arg if self._window_arg is not None else max(2, 8 * threads)
         want = min(want, s._max_in_flight)
         await limiter.acquire()  # one slot waited for; more only if free now (two streams never deadlock)
         self._slots = 1
@@ -180,6 +182,7 @@ class ResultStream(AsyncIterator[Any]):
             and not s._dispatch.listeners[Event.REQUEST_START]
             and not s._dispatch.listeners[Event.REQUEST_END]
         )
+        self._key_offset = self._priority * sch._step
         self._new_waiter = sch._new_waiter
         self._asyncio = sch._asyncio
         self._call_soon = sch._call_soon
@@ -279,12 +282,22 @@ class ResultStream(AsyncIterator[Any]):
             raise InputError(f"map() item {self._taken}: {exc}") from None
         prog = self._sch.program(self._wanted, tuple(feeds))
         self._taken += 1
+        # the fast path's requests are built here, on the loop (warm, a batch at a time), so a
+        # worker admitting one only stamps its admission time: after a long stage its caches
+        # are cold and every object it touches costs
+        entry: Any = (
+            self._sch.new_request(next(s._ids), self._priority, prog, feeds, copy_out=not self._zero_copy,
+                                  waiter=None)
+            if self._fast else (feeds, prog)
+        )
+        if self._fast:
+            entry.stream = self
         while True:
             with self._lock:
                 if self._closing:
                     return False
                 if len(self._pending) < self._window:
-                    self._pending.append((feeds, prog))
+                    self._pending.append(entry)
                     break
                 self._feeder_waiter = waiter = self._new_waiter()
             await self._wait(waiter)
@@ -315,12 +328,9 @@ class ResultStream(AsyncIterator[Any]):
         """Admit pending inputs while fewer than ``window`` run (under the stream's lock)."""
         out: list[Request] = []
         pending = self._pending
-        s = self._session
         while pending and self._in_flight < self._window and not self._closing:
-            feeds, prog = pending.popleft()
-            req = self._sch.new_request(next(s._ids), self._priority, prog, feeds, copy_out=not self._zero_copy,
-                                        waiter=None)
-            req.stream = self
+            req = pending.popleft()
+            req.key = monotonic() + self._key_offset  # admitted now: FIFO and aging count from here
             self._order.append(req)
             self._in_flight += 1
             self._admitted += 1
