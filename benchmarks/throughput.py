@@ -29,10 +29,13 @@ round's stream rate over that round's best onnxruntime rate.
 What decides these ratios is hetsched's own CPU time per request (~7 ms of onnxruntime per
 request here): with every core busy, each microsecond of Python bookkeeping and each
 event-loop wake-up (which preempts a worker) is taken from the model. A worker's gap between
-two onnxruntime runs is ~60-75 us (median) against a few us in the bare per-core loop;
-``run()`` callers add ~110 us of event-loop CPU per request, a stream ~55 us. Against that
-stands one real advantage: workers pull requests, so a core slowed by other load on this
-shared host takes fewer, where the round-robin deal waits for the slowest core.
+two onnxruntime runs is ~50-75 us (median; its caches are cold after a 7 ms run, so every
+object it touches costs) against a few us in the bare per-core loop; ``run()`` callers add
+~110 us of event-loop CPU per request, a stream ~40 us at its default window of 16 (~70 us
+at 8, ~30 us at 32: the loop wakes once per ``window // 2`` results). Against that stands
+one real advantage: workers pull requests, so a core slowed by other load on this shared
+host takes fewer, where the round-robin deal waits for the slowest core. The net is parity
+within this host's noise (+-2-3 % from run to run).
 
 A round is 240 requests (~0.8 s): a stream's steady state. Rounds of 60 (~0.2 s) are
 dominated by the ramps at their ends (one request of imbalance at the end of a round is

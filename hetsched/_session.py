@@ -26,6 +26,7 @@ Zero-copy contract:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -914,6 +915,7 @@ class SyncSession:
         try:
             self._ctx.__exit__(*exc)
         finally:
+            self._portal = None  # later calls raise RuntimeStateError, not the portal's RuntimeError
             self._portal_cm.__exit__(None, None, None)
 
     @property
@@ -931,7 +933,40 @@ class SyncSession:
         return self._portal.call(lambda: self._session.run(*args, **kwargs))
 
     def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3) -> CostTable:
+        """:meth:`Session.profile`, blocking.
+
+        :raises RuntimeStateError: the SyncSession is not open.
+        """
+        if self._portal is None:
+            raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
         return self._portal.call(lambda: self._session.profile(feeds, repeats=repeats))
+
+    @contextlib.contextmanager
+    def map(self, source: Iterable[Mapping[str, Any]], **kwargs: Any) -> Iterator[Iterator[Any]]:
+        """:meth:`Session.map`, blocking (same keywords)::
+
+            with s.map(frames) as results:
+                for out in results:
+                    use(out)
+
+        ``source`` is iterated on the session's event-loop thread.
+
+        :raises RuntimeStateError: the SyncSession is not open.
+        """
+        if self._portal is None:
+            raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
+        portal = self._portal
+        stream = self._session.map(source, **kwargs)
+
+        def results() -> Iterator[Any]:
+            while True:
+                try:
+                    yield portal.call(stream.__anext__)
+                except StopAsyncIteration:
+                    return
+
+        with portal.wrap_async_context_manager(stream):
+            yield results()
 
     def statistics(self) -> SessionStatistics:
         return self._session.statistics()

@@ -432,3 +432,23 @@ def test_no_thread_outlives_the_session() -> None:
     anyio.run(main)
     left = {t for t in threading.enumerate() if t.is_alive()} - before
     assert not [t for t in left if t.name.startswith("hetsched")]
+
+
+def test_sync_session_map() -> None:
+    from hetsched import SyncSession
+
+    with SyncSession(_chain(), devices=PER_CORE) as s:
+        with s.map({"x": _x(i)} for i in range(50)) as results:
+            got = [out["y"] for out in results]
+        assert len(got) == 50
+        for i, y in enumerate(got):
+            np.testing.assert_allclose(y, _expected(_x(i)), rtol=1e-6)
+        with pytest.raises(InputError, match="item 2"):
+            with s.map([{"x": _x(0)}, {"x": _x(1)}, {"x": "nope"}]) as results:
+                assert len([out for out in results]) == 2
+        assert s.statistics().in_flight == 0
+    with pytest.raises(RuntimeStateError, match="not open"):
+        with s.map([]):
+            pass
+    with pytest.raises(RuntimeStateError, match="not open"):
+        s.run({"x": _x(0)})
