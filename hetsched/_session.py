@@ -661,9 +661,11 @@ class Session:
         ``run(feeds, priority=priority, zero_copy=zero_copy)`` returns. ``run()`` stays the
         call for latency: a stream's result may wait until its batch is complete.
 
-        :param window: most requests of the stream in flight at once (default: eight per
+        :param window: most requests of the stream running at once (default: eight per
             worker thread, at most ``max_in_flight``); it holds that many of the session's
             admission slots while open (at least one, the rest as far as free when it opens).
+            At most ``window`` more finished results wait for the consumer: a consumer that
+            falls behind holds the stream back.
         :param output_names: the outputs wanted (default: all).
         :raises RuntimeStateError: the session is not open (on entering the stream).
         :raises InputError: ``source`` is not an iterable; an unknown output name (on entering);

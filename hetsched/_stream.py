@@ -9,26 +9,33 @@ queue of validated inputs topped up and hand results over, a batch at a time::
         async for out in results:                     # in input order
             use(out)
 
-    feeder task (event loop)          worker thread, on finishing a stream request
-    ------------------------          ----------------------------------------------
-    take items from the source        under the stream's lock:
-    validate them (InputError)            pop the next pending input, admit it (push its
-    append to pending; admit while            first stages onto the device queues)
-      fewer than ``window`` in flight     wake the loop only when it has something to do:
-    sleep while pending is full             the feeder, pending down to half of ``window``;
-                                            the consumer, ``window // 2`` results ready in
-                                            order, or nothing queued behind them (a source
-                                            slower than the devices gets each result at once),
-                                            or nothing left in flight, or a failure
+    feeder task (event loop)            worker thread, on finishing a stream request
+    ------------------------            ----------------------------------------------
+    take items from the source          under the stream's lock:
+    validate them (InputError), build       admit pending requests while fewer than ``window``
+      their requests                          run and fewer than ``2 * window`` are not yet
+    append to pending (at most                taken by the consumer (push their first stages)
+      ``window``); admit as the worker      wake the loop only when it has something to do:
+      does; sleep while pending is full       the feeder, pending down to half of ``window``;
+                                              the consumer, ``window // 2`` results ready in
+    consumer (``async for``)                  order, or nothing queued behind them (a source
+    take every ready result in order;         slower than the devices gets each result at
+      admit itself only when fewer than       once), or nothing left running, or a failure
+      ``window // 2`` run (a consumer that
+      fell behind held the stream back)
 
 So with a fast source the loop wakes about once per ``window // 2`` requests instead of
 twice per request, and a result waits at most until that batch is complete. ``run()``
-remains the call for latency: a single request never waits for others.
+remains the call for latency: a single request never waits for others. Results not yet
+taken are bounded by a second ``window`` (backpressure on a slow consumer) rather than
+sharing the first: ready results would otherwise take the places of running requests and
+leave the workers short of queued work (measured: ~40 vs ~57 us of event-loop CPU per
+request, ``benchmarks/throughput.py``).
 
 Requests with cross-domain transfers (their transfers are driven by the event loop) and
 sessions with ``REQUEST_START``/``REQUEST_END`` hooks (which run on the loop, e.g. the
 governor's) take the general path: the stream then runs up to ``window`` ordinary requests
-at once, with the same ordering and error rules.
+at once, with the same ordering, bounds and error rules.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ class ResultStream(AsyncIterator[Any]):
         """Validated inputs not admitted yet: Requests (fast path) or (feeds, program) pairs."""
         self._order: deque[Any] = deque()
         self._window = 0
+        self._cap = 0
         self._low = 0
         self._batch = 1
         self._in_flight = 0
@@ -173,6 +181,10 @@ class ResultStream(AsyncIterator[Any]):
             self._slots += 1
         self._window = self._slots
         self._low = self._window // 2
+        # finished results waiting for the consumer are bounded too (a slow consumer holds the
+        # stream back), by a second window: one shared bound would let ready results take
+        # the places of running requests and leave workers short of queued work
+        self._cap = 2 * self._window
         self._batch = max(1, self._window // 2)
         topo = s._topology
         assert topo is not None
@@ -229,8 +241,10 @@ class ResultStream(AsyncIterator[Any]):
             self._ended = True
             self._pending.clear()
             order, self._order = self._order, deque()
+        dropped = 0
         for item in order:
             if type(item) is Request:
+                dropped += 1
                 with item.lock:
                     item.closed = True
                     if item.running == 0:
@@ -240,6 +254,8 @@ class ResultStream(AsyncIterator[Any]):
                 result = item.result
                 if result is not None and hasattr(result, "release"):
                     result.release()
+        # admitted, never handed over (the general path's runs count themselves)
+        self._session._stats["cancelled"] += dropped
 
     def _fold(self) -> None:
         """Account this stream's admissions to the session's counters (event loop)."""
@@ -311,7 +327,7 @@ class ResultStream(AsyncIterator[Any]):
                 with self._lock:
                     if self._closing:
                         return False
-                    if self._in_flight < self._window:
+                    if self._in_flight < self._window and len(self._order) < self._cap and not self._failed:
                         feeds, prog = self._pending.popleft()
                         job = _Job()
                         self._order.append(job)
@@ -328,7 +344,8 @@ class ResultStream(AsyncIterator[Any]):
         """Admit pending inputs while fewer than ``window`` run (under the stream's lock)."""
         out: list[Request] = []
         pending = self._pending
-        while pending and self._in_flight < self._window and not self._closing:
+        while (pending and self._in_flight < self._window and len(self._order) < self._cap and not self._closing
+               and not self._failed):
             req = pending.popleft()
             req.key = monotonic() + self._key_offset  # admitted now: FIFO and aging count from here
             self._order.append(req)
@@ -345,6 +362,8 @@ class ResultStream(AsyncIterator[Any]):
         job.done = True
         with self._lock:
             self._in_flight -= 1
+            if job.error is not None:
+                self._failed += 1
             if job.closed and job.result is not None and hasattr(job.result, "release"):
                 job.result.release()  # the stream closed while it ran: nobody will take it
         self._wake_feeder_here()
@@ -448,23 +467,39 @@ class ResultStream(AsyncIterator[Any]):
                 raise StopAsyncIteration
             raise RuntimeStateError("iterate a ResultStream inside 'async with session.map(...) as results'")
         while True:
+            admitted: list[Request] | None = None
             with self._lock:
                 if self._ended:
                     raise StopAsyncIteration
-                if self._order:
-                    head = self._order[0]
-                    if head.done or head.closed:
-                        self._order.popleft()
-                        break
-                elif not self._pending and self._source_done:
+                order = self._order
+                if order and (order[0].done or order[0].closed):
+                    head = order.popleft()
+                    # Workers admit as they finish; with few requests left running (a slow
+                    # consumer held the window full of results) nobody else would.
+                    if self._fast and self._pending and self._in_flight < self._batch:
+                        admitted = self._admit_locked()
+                    break
+                if self._fast and self._pending and self._in_flight < self._batch and len(order) < self._cap:
+                    admitted = self._admit_locked()  # too few running to count on their workers
+                elif not order and not self._pending and self._source_done:
                     error = self._source_error
                     self._source_error = None
                     self._ended = True
                     if error is not None:
                         raise error
                     raise StopAsyncIteration
-                self._consumer_waiter = waiter = self._new_waiter()
+                if not admitted:
+                    self._consumer_waiter = waiter = self._new_waiter()
+            if admitted:
+                for req in admitted:
+                    self._sch.push_initial(req)
+                continue
             await self._wait(waiter)
+        if admitted:
+            for req in admitted:
+                self._sch.push_initial(req)
+        if not self._fast:
+            self._wake_feeder_here()  # a place in the window is free
         self._fold()
         s = self._session
         if head.error is not None:
