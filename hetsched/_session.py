@@ -93,8 +93,8 @@ class SessionStatistics:
     stage_runs_unbound: int = 0
     """Stage runs whose outputs the backend allocated (dynamic shapes, unbindable types, a full pool)."""
     stage_runs_to_caller: int = 0
-    """Runs of stages whose outputs only the caller reads, who wanted arrays to keep: written into
-    fresh arrays (by IO binding) that were handed over as they were (no pool buffer, no copy)."""
+    """Runs of stages whose outputs only the caller reads, who wanted arrays to keep: the backend
+    allocated them and they were handed over as they were (no pool buffer, no copy)."""
     unbound_stages: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Stages not run in place, with the reason."""
     wakeups_coalesced: int = 0
