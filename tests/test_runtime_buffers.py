@@ -19,6 +19,9 @@ from hetsched._runtime._scheduler import StageIO
 from hetsched._session import Outputs
 from hetsched.policies import Pinned
 
+from _models import make_model as _model
+from _models import reshape_model
+
 F = TensorProto.FLOAT
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 
@@ -26,14 +29,6 @@ DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, inits: list | None = None) -> onnx.ModelProto:
-    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, initializer=inits or []),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
 
 
 def _chain() -> onnx.ModelProto:
@@ -246,24 +241,11 @@ async def test_cancellation_returns_every_buffer_and_drops_pending_stages(no_lea
         assert _live(s) == 0
 
 
-def _reshape_model() -> onnx.ModelProto:
-    """a = abs(x) (static [6]) -> reshape(a, s) -> relu: a bad ``s`` fails the middle stage."""
-    return _model(
-        [
-            helper.make_node("Abs", ["x"], ["a"], name="abs"),
-            helper.make_node("Reshape", ["a", "s"], ["r"], name="reshape"),
-            helper.make_node("Relu", ["r"], ["y"], name="relu"),
-        ],
-        [helper.make_tensor_value_info("x", F, [6]), helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", F, [None, None])],
-    )
-
-
 @pytest.mark.anyio
 async def test_a_failing_stage_releases_its_requests_buffers(no_leaked_threads: None) -> None:
     pol = Pinned({"abs": "cpu:0", "reshape": "cpu:1", "relu": "cpu:0-1"})
     x = np.arange(6, dtype=np.float32) - 3
-    async with Session(_reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
+    async with Session(reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
         st = s.statistics()
         # abs has a static output (pool buffer); reshape/relu shapes depend on data
         assert set(st.unbound_stages) == {sp.name for sp in s.plan.stages if sp.device != "cpu:0"}
@@ -290,7 +272,7 @@ async def test_a_failing_stage_releases_its_requests_buffers(no_leaked_threads: 
 @pytest.mark.anyio
 async def test_outputs_of_dynamic_shape_stages_are_handed_over_without_a_copy() -> None:
     pol = Pinned({"abs": "cpu:0", "reshape": "cpu:1", "relu": "cpu:1"})
-    async with Session(_reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
+    async with Session(reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
         out = await s.run({"x": np.arange(6, dtype=np.float32), "s": np.array([3, 2], np.int64)})
         np.testing.assert_array_equal(out["y"], np.arange(6, dtype=np.float32).reshape(3, 2))
         st = s.statistics()

@@ -33,6 +33,9 @@ from hetsched._events import HookDispatcher
 from hetsched._plan import unit_key
 from hetsched.policies import Pinned
 
+from _models import make_model as _model
+from _models import reshape_model
+
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 F = TensorProto.FLOAT
 
@@ -44,14 +47,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 def _vi(name: str, shape: Any, dtype: int = F) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, shape)
-
-
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, inits: list | None = None) -> onnx.ModelProto:
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, initializer=inits or []),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
 
 
 def _small() -> onnx.ModelProto:
@@ -74,19 +69,6 @@ def _small() -> onnx.ModelProto:
 def _expected(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     r = np.maximum(x, 0)
     return np.exp(-r * np.array([0.5, 1.0, 2.0], np.float32)) + x, r
-
-
-def _reshape_model() -> onnx.ModelProto:
-    """y = relu(reshape(x, s)) where the shape ``s`` is a runtime input: a bad ``s`` fails in the stage."""
-    return _model(
-        [
-            helper.make_node("Abs", ["x"], ["a"], name="abs"),
-            helper.make_node("Reshape", ["a", "s"], ["r"], name="reshape"),
-            helper.make_node("Relu", ["r"], ["y"], name="relu"),
-        ],
-        [_vi("x", [6]), _vi("s", [2], TensorProto.INT64)],
-        [_vi("y", [None, None])],
-    )
 
 
 def _x(seed: int = 0) -> np.ndarray:
@@ -241,7 +223,7 @@ def test_sync_session(no_leaked_threads: None) -> None:
 async def test_failing_stage_fails_only_its_request(no_leaked_threads: None) -> None:
     pol = Pinned({"abs": "cpu:0", "reshape": "cpu:1", "relu": "cpu:0-1"})
     x = np.arange(6, dtype=np.float32) - 3
-    async with Session(_reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
+    async with Session(reshape_model(), devices=DEVICES, policy=pol, max_unit_nodes=1) as s:
         reshape_stage = next(st for st in s.plan.stages if st.device == "cpu:1")
         results: dict[int, Any] = {}
 
@@ -449,7 +431,7 @@ async def test_after_stage_and_request_end_carry_the_error() -> None:
         def request_end(self, info: EventInfo) -> None:
             errors[Event.REQUEST_END] = info.error
 
-    async with Session(_reshape_model(), devices=DEVICES, hooks=[Catch()]) as s:
+    async with Session(reshape_model(), devices=DEVICES, hooks=[Catch()]) as s:
         with pytest.raises(StageExecutionError):
             await s.run({"x": np.zeros(6, np.float32), "s": np.array([5, 5], np.int64)})
     assert isinstance(errors[Event.AFTER_STAGE], StageExecutionError)
@@ -461,7 +443,7 @@ async def test_after_stage_and_request_end_carry_the_error() -> None:
 
 @pytest.mark.anyio
 async def test_statistics() -> None:
-    async with Session(_reshape_model(), devices=DEVICES, max_unit_nodes=1,
+    async with Session(reshape_model(), devices=DEVICES, max_unit_nodes=1,
                        policy=Pinned(lambda u: DEVICES[u.id % 3])) as s:
         st0 = s.statistics()
         assert (st0.requests_started, st0.stage_runs, st0.stages, st0.devices) == (0, 0, len(s.plan.stages), 3)

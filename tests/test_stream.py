@@ -27,6 +27,9 @@ from hetsched import (
 )
 from hetsched.policies import Pinned
 
+from _models import make_model as _model
+from _models import reshape_model
+
 F = TensorProto.FLOAT
 PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]
 
@@ -34,13 +37,6 @@ PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list) -> onnx.ModelProto:
-    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
 
 
 def _chain() -> onnx.ModelProto:
@@ -59,19 +55,6 @@ def _chain() -> onnx.ModelProto:
 
 def _expected(x: np.ndarray) -> np.ndarray:
     return np.exp(-np.maximum(x, 0)) + x
-
-
-def _reshape_model() -> onnx.ModelProto:
-    """y = relu(reshape(abs(x), s)): a bad shape ``s`` fails in the reshape stage."""
-    return _model(
-        [
-            helper.make_node("Abs", ["x"], ["a"], name="abs"),
-            helper.make_node("Reshape", ["a", "s"], ["r"], name="reshape"),
-            helper.make_node("Relu", ["r"], ["y"], name="relu"),
-        ],
-        [helper.make_tensor_value_info("x", F, [6]), helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", F, [None, None])],
-    )
 
 
 def _x(i: int) -> np.ndarray:
@@ -283,7 +266,7 @@ async def test_a_failing_request_raises_in_its_place_and_the_session_goes_on() -
     x = np.arange(6, dtype=np.float32) - 3
     good, bad = np.array([2, 3], np.int64), np.array([4, 4], np.int64)
     items = [{"x": x, "s": bad if i == 7 else good} for i in range(30)]
-    async with Session(_reshape_model(), devices=["cpu:0", "cpu:1"], policy=pol, max_unit_nodes=1) as s:
+    async with Session(reshape_model(), devices=["cpu:0", "cpu:1"], policy=pol, max_unit_nodes=1) as s:
         got = []
         async with s.map(items) as results:
             with pytest.raises(StageExecutionError) as info:
