@@ -34,6 +34,11 @@ async def main(path: Path) -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(16):
                 tg.start_soon(session.run, {inp.name: x})
+        # A stream: the workers start the next request as they finish one, results come in order.
+        frames = (np.random.default_rng(i).standard_normal(shape).astype(np.float32) for i in range(32))
+        async with session.map({inp.name: f} for f in frames) as results:
+            first = [out async for out in results]
+            print(f"streamed {len(first)} requests; {results.statistics()}")
         print(session.statistics())
 
 

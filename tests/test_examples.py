@@ -11,7 +11,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 EXPECTED = {
-    "quickstart.py": "outputs match onnxruntime",
+    "quickstart.py": "streamed 32 requests",
     "custom_policy.py": "every stage avoided the hot core",
     "twin_board.py": "rails:",
     "governor_sim.py": "reloaded: 0 tuning runs",
