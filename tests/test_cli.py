@@ -77,6 +77,15 @@ def test_run_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["latency_ms_median"] > 0 and summary["throughput_rps"] > 0
 
 
+def test_run_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _json_out(capsys, ["run", "light_squeezenet", "--requests", "12", "--stream", "--json",
+                                 "--devices", "cpu:0", "cpu:1"])
+    assert summary["requests"] == 12 and summary["mode"] == "stream" and summary["throughput_rps"] > 0
+    assert "latency_ms_median" not in summary  # a stream's results come in batches: no per-request latency
+    assert main(["run", "squeezenet", "--requests", "3", "--stream", "--devices", "cpu:0"]) == 0
+    assert "3 requests streamed:" in capsys.readouterr().out
+
+
 def test_run_with_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "squeezenet", "--requests", "2", "--concurrency", "2", "--progress",
                  "--devices", "cpu:0"]) == 0
