@@ -29,6 +29,7 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(summary["stages_per_device"].values()) == summary["stages"]
     assert summary["max_abs_diff_vs_onnxruntime"] <= 1e-4
     assert summary["latency_ms_median"] > 0 and summary["pipelined_throughput_rps"] > 0
+    assert summary["stream_throughput_rps"] > 0
 
 
 def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,6 +62,10 @@ def main(args: argparse.Namespace) -> int:
                 for _ in range(n_conc):
                     tg.start_soon(s.run, feeds)
             wall = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            async with s.map(feeds for _ in range(n_conc)) as results:
+                streamed = sum([1 async for _ in results])
+            stream_wall = time.perf_counter() - t0
             stages_per_device: dict[str, int] = {}
             for st in s.plan.stages:
                 stages_per_device[st.device] = stages_per_device.get(st.device, 0) + 1
@@ -74,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
                 "max_abs_diff_vs_onnxruntime": max_diff,
                 "latency_ms_median": statistics.median(lat) * 1e3,
                 "pipelined_throughput_rps": n_conc / wall,
+                "stream_throughput_rps": streamed / stream_wall,
             }
             from ._run import modelled_rows, print_modelled
 
@@ -92,6 +97,7 @@ def main(args: argparse.Namespace) -> int:
                   f"(max abs diff {max_diff:.2e})")
             print(f"single request latency: median {summary['latency_ms_median']:.2f} ms over {args.requests}")
             print(f"{n_conc} concurrent requests, pipelined: {summary['pipelined_throughput_rps']:.1f} req/s")
+            print(f"{streamed} requests as one stream (Session.map): {summary['stream_throughput_rps']:.1f} req/s")
             if sim:
                 print_modelled(sim, str(args.soc))
         return 0
