@@ -928,20 +928,21 @@ class SyncSession:
     def session(self) -> Session:
         return self._session
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`Session.run`, blocking (``priority=`` and ``zero_copy=`` as there)."""
+    def _require_portal(self) -> Any:
         if self._portal is None:
             raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
-        return self._portal.call(lambda: self._session.run(*args, **kwargs))
+        return self._portal
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`Session.run`, blocking (``priority=`` and ``zero_copy=`` as there)."""
+        return self._require_portal().call(lambda: self._session.run(*args, **kwargs))
 
     def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3) -> CostTable:
         """:meth:`Session.profile`, blocking.
 
         :raises RuntimeStateError: the SyncSession is not open.
         """
-        if self._portal is None:
-            raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
-        return self._portal.call(lambda: self._session.profile(feeds, repeats=repeats))
+        return self._require_portal().call(lambda: self._session.profile(feeds, repeats=repeats))
 
     @contextlib.contextmanager
     def map(self, source: Iterable[Mapping[str, Any]], **kwargs: Any) -> Iterator[Iterator[Any]]:
@@ -955,9 +956,7 @@ class SyncSession:
 
         :raises RuntimeStateError: the SyncSession is not open.
         """
-        if self._portal is None:
-            raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
-        portal = self._portal
+        portal = self._require_portal()
         stream = self._session.map(source, **kwargs)
 
         def results() -> Iterator[Any]:

@@ -130,7 +130,7 @@ class ResultStream(AsyncIterator[Any]):
         self._output_names = None if output_names is None else list(output_names)
         self._lock = threading.Lock()
         self._pending: deque[Any] = deque()
-        """Validated inputs not admitted yet: Requests (fast path) or (feeds, program) pairs."""
+        """Validated inputs not admitted yet: Requests (fast path) or feeds (general path)."""
         self._order: deque[Any] = deque()
         self._window = 0
         self._cap = 0
@@ -196,7 +196,6 @@ class ResultStream(AsyncIterator[Any]):
         )
         self._key_offset = self._priority * sch._step
         self._new_waiter = sch._new_waiter
-        self._asyncio = sch._asyncio
         self._call_soon = sch._call_soon
         self._entered = True
         s._streams.add(self)
@@ -287,7 +286,7 @@ class ResultStream(AsyncIterator[Any]):
         finally:
             with self._lock:
                 self._source_done = True
-            self._wake_consumer_here()
+            self._wake_here(consumer=True)
 
     async def _put(self, item: Any) -> bool:
         """Validate ``item`` and queue it; False once the stream is closing."""
@@ -296,17 +295,15 @@ class ResultStream(AsyncIterator[Any]):
             feeds = s._check_feeds(item)
         except InputError as exc:
             raise InputError(f"map() item {self._taken}: {exc}") from None
-        prog = self._sch.program(self._wanted, tuple(feeds))
         self._taken += 1
-        # the fast path's requests are built here, on the loop (warm, a batch at a time), so a
-        # worker admitting one only stamps its admission time: after a long stage its caches
-        # are cold and every object it touches costs
-        entry: Any = (
-            self._sch.new_request(next(s._ids), self._priority, prog, feeds, copy_out=not self._zero_copy,
-                                  waiter=None)
-            if self._fast else (feeds, prog)
-        )
+        entry: Any = feeds
         if self._fast:
+            # the fast path's requests are built here, on the loop (warm, a batch at a time), so
+            # a worker admitting one only stamps its admission time: after a long stage its
+            # caches are cold and every object it touches costs
+            prog = self._sch.program(self._wanted, tuple(feeds))
+            entry = self._sch.new_request(next(s._ids), self._priority, prog, feeds,
+                                          copy_out=not self._zero_copy, waiter=None)
             entry.stream = self
         while True:
             with self._lock:
@@ -328,7 +325,7 @@ class ResultStream(AsyncIterator[Any]):
                     if self._closing:
                         return False
                     if self._in_flight < self._window and len(self._order) < self._cap and not self._failed:
-                        feeds, prog = self._pending.popleft()
+                        feeds = self._pending.popleft()
                         job = _Job()
                         self._order.append(job)
                         self._in_flight += 1
@@ -366,8 +363,7 @@ class ResultStream(AsyncIterator[Any]):
                 self._failed += 1
             if job.closed and job.result is not None and hasattr(job.result, "release"):
                 job.result.release()  # the stream closed while it ran: nobody will take it
-        self._wake_feeder_here()
-        self._wake_consumer_here()
+        self._wake_here(feeder=True, consumer=True)
 
     # -- the worker side ---------------------------------------------------------------------
 
@@ -413,40 +409,26 @@ class ResultStream(AsyncIterator[Any]):
         return False
 
     def _on_wake(self) -> None:
-        """On the event loop: wake whoever waits (the feeder, the consumer)."""
+        """Posted by a worker: on the event loop, wake whoever waits (the feeder, the consumer)."""
         with self._lock:
             self._posted = False
             self._loop_wakeups += 1
-            waiters = (self._feeder_waiter, self._consumer_waiter)
-            self._feeder_waiter = self._consumer_waiter = None
+        self._wake_here(feeder=True, consumer=True)
+
+    def _wake_here(self, *, feeder: bool = False, consumer: bool = False) -> None:
+        """Wake the feeder and/or the consumer if they wait (event-loop thread)."""
+        with self._lock:
+            waiters = (self._feeder_waiter if feeder else None, self._consumer_waiter if consumer else None)
+            if feeder:
+                self._feeder_waiter = None
+            if consumer:
+                self._consumer_waiter = None
         for w in waiters:
             if w is not None:
-                self._set(w)
-
-    def _wake_consumer_here(self) -> None:
-        with self._lock:
-            w, self._consumer_waiter = self._consumer_waiter, None
-        if w is not None:
-            self._set(w)
-
-    def _wake_feeder_here(self) -> None:
-        with self._lock:
-            w, self._feeder_waiter = self._feeder_waiter, None
-        if w is not None:
-            self._set(w)
-
-    def _set(self, waiter: Any) -> None:
-        if self._asyncio:
-            if not waiter.done():
-                waiter.set_result(None)
-        else:
-            waiter.set()
+                self._sch.set_waiter(w)
 
     async def _wait(self, waiter: Any) -> None:
-        if self._asyncio:
-            await waiter
-        else:
-            await waiter.wait()
+        await self._sch.wait_on(waiter)
 
     # -- the consumer side -------------------------------------------------------------------
 
@@ -499,7 +481,7 @@ class ResultStream(AsyncIterator[Any]):
             for req in admitted:
                 self._sch.push_initial(req)
         if not self._fast:
-            self._wake_feeder_here()  # a place in the window is free
+            self._wake_here(feeder=True)  # a place in the window is free
         self._fold()
         s = self._session
         if head.error is not None:

@@ -569,9 +569,7 @@ class Scheduler:
         request is closed and, once no stage of it runs any more, its references released."""
         prog = req.program
         try:
-            workers = self.workers
-            for st in prog.initial:
-                workers[st.device].push(req, st)
+            self.push_initial(req)
             if prog.has_transfers:
                 req.work.extend(prog.feed_xfers)
                 async with anyio.create_task_group() as tg:
@@ -681,11 +679,23 @@ class Scheduler:
     # cheapest cross-thread wake-up asyncio has (an anyio Event adds layers that cost tens of
     # microseconds with the caches cold after a stage); other backends use an anyio Event.
 
-    async def _wait(self, req: Request) -> None:
+    def set_waiter(self, waiter: Any) -> None:
+        """Resolve a waiter made by ``_new_waiter`` (event-loop thread; idempotent)."""
         if self._asyncio:
-            await req.event
+            if not waiter.done():
+                waiter.set_result(None)
         else:
-            await req.event.wait()
+            waiter.set()
+
+    async def wait_on(self, waiter: Any) -> None:
+        """Wait until ``waiter`` (made by ``_new_waiter``) is resolved."""
+        if self._asyncio:
+            await waiter
+        else:
+            await waiter.wait()
+
+    async def _wait(self, req: Request) -> None:
+        await self.wait_on(req.event)
         req.event = self._new_waiter()
 
     def _fire(self, req: Request) -> None:
@@ -693,11 +703,7 @@ class Scheduler:
         if req.stream is not None:
             req.stream._finished(req)
             return
-        if self._asyncio:
-            if not req.event.done():
-                req.event.set_result(None)
-        else:
-            req.event.set()
+        self.set_waiter(req.event)
 
     def _wake(self, req: Request) -> None:
         """Wake ``req``'s task from any thread."""
@@ -738,8 +744,12 @@ class Scheduler:
 
         The caller's next request most likely runs the same program, so it would start on the
         workers of ``req``'s first stages: while those all have queued work, waking the caller
-        now cannot keep any worker from idling, and the wake-up is deferred.
+        now cannot keep any worker from idling, and the wake-up is deferred. A stream's request
+        tells its stream instead.
         """
+        if req.stream is not None:
+            req.stream._finished(req)
+            return
         if req.priority >= _COALESCE_FROM and self._coalescing:
             workers = self.workers
             entry = [workers[st.device] for st in req.program.initial if st.device in workers]
@@ -1041,10 +1051,7 @@ class Scheduler:
         for nxt in ready:
             self.workers[nxt.device].push(req, nxt)
         if finished:
-            if req.stream is not None:
-                req.stream._finished(req)
-            else:
-                self._wake_finished(req)
+            self._wake_finished(req)
         elif notify:
             self._wake(req)
 
