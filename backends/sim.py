@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from hetsched._devices import host_cpus
+from hetsched._planning.devices import host_cpus
 
 from ._base import Capabilities, CompiledStage, Device, OpRule
 from .cpu import CpuBackend
@@ -152,8 +152,8 @@ class SimBackend:
         return OP_SETS[device.options.get("op_set", _DEFAULT_OP_SET[device.kind])]
 
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
-        from hetsched._costs import analytic_node_costs
-        from hetsched._graph import GraphIndex
+        from hetsched._planning.costs import analytic_node_costs
+        from hetsched._planning.graph import GraphIndex
 
         host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
         inner = self._cpu.compile(model, host, name=name)

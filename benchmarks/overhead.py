@@ -43,8 +43,8 @@ import numpy as np
 import onnxruntime as ort
 
 from hetsched import Device, Session, load_model
-from hetsched._graph import GraphIndex
-from hetsched._partition import extract_stage
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.partition import extract_stage
 from hetsched.backends.cpu import CpuBackend
 from hetsched.policies import Pinned
 

@@ -41,9 +41,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from hetsched import resolve_devices
-from hetsched._graph import GraphIndex
-from hetsched._model import load_model
-from hetsched._plan import build_plan
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.model import load_model
+from hetsched._planning.plan import build_plan
 
 F = TensorProto.FLOAT
 DIM = 64

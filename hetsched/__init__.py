@@ -8,11 +8,11 @@ power-and-thermal-weighted placement, and run requests through the stages::
         print(s.plan.table())
 """
 
-from ._costs import CostTable as CostTable
-from ._costs import CostTableStatistics as CostTableStatistics
-from ._devices import CpuCluster as CpuCluster
-from ._devices import discover_cpu_clusters as discover_cpu_clusters
-from ._devices import resolve_devices as resolve_devices
+from ._planning.costs import CostTable as CostTable
+from ._planning.costs import CostTableStatistics as CostTableStatistics
+from ._planning.devices import CpuCluster as CpuCluster
+from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
+from ._planning.devices import resolve_devices as resolve_devices
 from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import BufferLeakError as BufferLeakError
@@ -46,9 +46,9 @@ from ._events import Event as Event
 from ._events import EventInfo as EventInfo
 from ._events import Hooks as Hooks
 from ._events import Priority as Priority
-from ._model import load_model as load_model
-from ._partition import StageSpec as StageSpec
-from ._plan import Plan as Plan
+from ._planning.model import load_model as load_model
+from ._planning.partition import StageSpec as StageSpec
+from ._planning.plan import Plan as Plan
 from ._session import Session as Session
 from ._session import SessionStatistics as SessionStatistics
 from ._session import SyncSession as SyncSession
@@ -77,18 +77,7 @@ from ._twin import SimStatistics as SimStatistics
 from ._twin import SocProfile as SocProfile
 from ._twin import get_profile as get_profile
 from ._twin import known_socs as known_socs
-from ._runtime import BufferPool as BufferPool
-from ._runtime import BufferState as BufferState
-from ._runtime import LeakedBuffer as LeakedBuffer
-from ._runtime import MemoryDomain as MemoryDomain
-from ._runtime import MemoryKind as MemoryKind
-from ._runtime import PoolStatistics as PoolStatistics
-from ._runtime import SharedHandle as SharedHandle
-from ._runtime import TensorBuffer as TensorBuffer
-from ._runtime import Topology as Topology
-from ._runtime import TransferEngine as TransferEngine
 from ._runtime import TransferInfo as TransferInfo
-from ._runtime import TransferStatistics as TransferStatistics
 from ._governor import BatchAdvice as BatchAdvice
 from ._governor import BatchMeasurement as BatchMeasurement
 from ._governor import BatchOption as BatchOption
@@ -105,9 +94,7 @@ from ._governed import GovernorHooks as GovernorHooks
 from ._session import Outputs as Outputs
 from ._stream import ResultStream as ResultStream
 from ._stream import StreamStatistics as StreamStatistics
-from ._runtime import ChannelStatistics as ChannelStatistics
 from ._runtime import StageIO as StageIO
-from ._runtime import rate_limited_copy as rate_limited_copy
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement
@@ -122,10 +109,7 @@ __all__ = (
     "BatchMeasurement",
     "BatchOption",
     "BufferLeakError",
-    "BufferPool",
-    "BufferState",
     "BufferStateError",
-    "ChannelStatistics",
     "ClusterInfo",
     "CompileError",
     "CostTable",
@@ -151,11 +135,8 @@ __all__ = (
     "Hooks",
     "InputError",
     "InvalidModelError",
-    "LeakedBuffer",
     "LiveTwin",
     "LiveTwinStatistics",
-    "MemoryDomain",
-    "MemoryKind",
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
@@ -172,7 +153,6 @@ __all__ = (
     "Plan",
     "Platform",
     "PlatformError",
-    "PoolStatistics",
     "PowerBudgetError",
     "Priority",
     "ProfileError",
@@ -182,7 +162,6 @@ __all__ = (
     "RuntimeStateError",
     "Session",
     "SessionStatistics",
-    "SharedHandle",
     "SimBoard",
     "SimStatistics",
     "Snapshot",
@@ -197,12 +176,8 @@ __all__ = (
     "SysfsRoot",
     "Telemetry",
     "TelemetryStatistics",
-    "TensorBuffer",
-    "Topology",
-    "TransferEngine",
     "TransferError",
     "TransferInfo",
-    "TransferStatistics",
     "TripInfo",
     "TwinError",
     "UdevEvent",
@@ -218,7 +193,6 @@ __all__ = (
     "get_profile",
     "known_socs",
     "load_model",
-    "rate_limited_copy",
     "resolve_devices",
 )
 

@@ -46,14 +46,14 @@ from hetsched.backends import Device, get_backend
 from hetsched.backends.cpu import pin_current_thread
 from hetsched.policies import DeviceState, PlacementPolicy
 
-from ._costs import STAGE_OVERHEAD_S, CostTable, analytic_node_costs
-from ._devices import resolve_devices
+from ._planning.costs import STAGE_OVERHEAD_S, CostTable, analytic_node_costs
+from ._planning.devices import resolve_devices
 from ._errors import BackendError, BufferLeakError, InputError, RuntimeStateError, TransferError
 from ._events import Event, EventInfo, HookDispatcher, Priority
-from ._graph import GraphIndex
-from ._model import ModelSource, load_model
-from ._partition import extract_stage
-from ._plan import Plan, build_plan, unit_key
+from ._planning.graph import GraphIndex
+from ._planning.model import ModelSource, load_model
+from ._planning.partition import extract_stage
+from ._planning.plan import Plan, build_plan, unit_key
 from ._runtime._buffers import BufferPool, PoolStatistics, TensorBuffer, pools_for
 from ._runtime._domains import MemoryDomain, MemoryKind, Topology
 from ._runtime._scheduler import _MISSING, Admission, Scheduler, StageRuntime
@@ -823,7 +823,7 @@ class Session:
         return self.costs
 
     def _profile_units(self, index: GraphIndex, plan: Plan, feeds: dict[str, Any], repeats: int) -> None:
-        from ._partition import merge_stages  # local: profiling only
+        from ._planning.partition import merge_stages  # local: profiling only
 
         by_name = {d.name: d for d in plan.devices}
         node_of_name = {n.name: n.index for n in index.nodes}
@@ -832,7 +832,7 @@ class Session:
             dev = by_name[dev_name]
             if any(dev_name not in u.candidates for u in plan.units):
                 continue
-            from ._partition import UnitDraft
+            from ._planning.partition import UnitDraft
 
             drafts = [UnitDraft(u.id, drafts_nodes[u.id], 1) for u in plan.units]
             # One stage per unit: give each unit a distinct pseudo-device so nothing merges.

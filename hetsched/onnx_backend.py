@@ -26,8 +26,8 @@ from onnx.backend.base import BackendRep as _OnnxBackendRep
 from hetsched.backends import Device
 from hetsched.policies import PlacementPolicy
 
-from ._graph import GraphIndex
-from ._model import load_model
+from ._planning.graph import GraphIndex
+from ._planning.model import load_model
 from ._session import SyncSession
 
 __all__ = ["HetschedBackend", "HetschedBackendRep", "backend_for", "prepare", "run_model", "run_node",

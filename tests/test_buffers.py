@@ -24,10 +24,6 @@ from hetsched._runtime import (
 )
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 @pytest.fixture
 def pool(tmp_path):

@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import PartitionError, Session, resolve_devices
-from hetsched._graph import GraphIndex
-from hetsched._model import load_model
-from hetsched._partition import constant_nodes, compute_units, extract_stage
-from hetsched._plan import Plan, build_plan
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.model import load_model
+from hetsched._planning.partition import constant_nodes, compute_units, extract_stage
+from hetsched._planning.plan import Plan, build_plan
 from hetsched.backends import Capabilities
 from hetsched.policies import Pinned, RandomPolicy
 

@@ -15,10 +15,6 @@ from hetsched._snapshot import Snapshot
 from hetsched._platform import SysfsRoot, Telemetry
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
 
 class FakeClock:
     def __init__(self) -> None:

@@ -12,10 +12,6 @@ from hetsched import RuntimeStateError
 from hetsched._platform import UdevMonitor, enumerate_devices, udev_status
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
 
 def _no_libudev() -> Any:
     raise ImportError("libudev.so.1: cannot open shared object file")

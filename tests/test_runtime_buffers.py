@@ -26,10 +26,6 @@ F = TensorProto.FLOAT
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 def _chain() -> onnx.ModelProto:
     """y = exp(-relu(x) * w) + x; r = relu(x) is also an output; x: float32 [4, 8]. A diamond: x feeds two stages."""

@@ -19,10 +19,6 @@ from hetsched.policies import Pinned
 F = TensorProto.FLOAT
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 def _two_stage() -> onnx.ModelProto:
     """y = -relu(x); the relu node and the neg node can go to different devices. x: float32 [16]."""

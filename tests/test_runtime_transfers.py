@@ -19,10 +19,6 @@ F = TensorProto.FLOAT
 ROWS, COLS = 512, 512  # 1 MiB of float32 crossing each boundary
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 def _model() -> onnx.ModelProto:
     """r = relu(x) [host]; n = neg(r) * x [acc]; y = reducesum(n, axis 1) [host]; also returns r."""

@@ -30,7 +30,7 @@ from hetsched import (
     SyncSession,
 )
 from hetsched._events import HookDispatcher
-from hetsched._plan import unit_key
+from hetsched._planning.plan import unit_key
 from hetsched.policies import Pinned
 
 from _models import make_model as _model
@@ -39,10 +39,6 @@ from _models import reshape_model
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 F = TensorProto.FLOAT
 
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
 
 
 def _vi(name: str, shape: Any, dtype: int = F) -> onnx.ValueInfoProto:

@@ -34,10 +34,6 @@ F = TensorProto.FLOAT
 PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 def _chain() -> onnx.ModelProto:
     """y = exp(-relu(x)) + x over float32 [64]: four nodes, so it can be cut into stages."""

@@ -28,10 +28,6 @@ REALTIME, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
 CH = "gpu<->host"
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
 
 @pytest.fixture
 def discrete(tmp_path) -> Iterator[tuple[Topology, dict[str, BufferPool]]]:

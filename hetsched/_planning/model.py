@@ -9,7 +9,7 @@ from typing import Union
 import onnx
 from google.protobuf.message import DecodeError
 
-from ._errors import InvalidModelError, ModelFormatError, ModelNotFoundError
+from .._errors import InvalidModelError, ModelFormatError, ModelNotFoundError
 
 __all__ = ["ModelSource", "load_model"]
 

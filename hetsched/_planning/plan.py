@@ -22,9 +22,9 @@ from hetsched.policies import (
     validate_placement,
 )
 
-from ._costs import STAGE_OVERHEAD_S, CostTable, NodeCost, analytic_node_costs, value_bytes
-from ._graph import GraphIndex
-from ._partition import StageSpec, compute_units, merge_stages
+from .costs import STAGE_OVERHEAD_S, CostTable, NodeCost, analytic_node_costs, value_bytes
+from .graph import GraphIndex
+from .partition import StageSpec, compute_units, merge_stages
 
 __all__ = ["Plan", "build_plan", "unit_key"]
 

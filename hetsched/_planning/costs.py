@@ -13,8 +13,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from ._errors import ProfileError
-from ._graph import GraphIndex
+from .._errors import ProfileError
+from .graph import GraphIndex
 
 __all__ = ["CostTable", "CostTableStatistics", "NodeCost", "analytic_node_costs", "value_bytes"]
 

@@ -21,8 +21,8 @@ from onnx import helper
 
 from hetsched.backends import Capabilities
 
-from ._errors import PartitionError
-from ._graph import GraphIndex
+from .._errors import PartitionError
+from .graph import GraphIndex
 
 __all__ = ["StageSpec", "UnitDraft", "compute_units", "extract_stage", "merge_stages"]
 

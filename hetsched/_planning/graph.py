@@ -157,7 +157,7 @@ class GraphIndex:
                     if indeg[s] == 0:
                         heapq.heappush(by_key.setdefault(keys[s], []), s)
         if len(order) != n:
-            from ._errors import InvalidModelError
+            from .._errors import InvalidModelError
 
             raise InvalidModelError("graph has a cycle: nodes cannot be ordered topologically")
         return order

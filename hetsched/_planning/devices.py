@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hetsched.backends import Device
 
-from ._errors import DeviceSpecError
+from .._errors import DeviceSpecError
 
 __all__ = [
     "CpuCluster",

@@ -1,0 +1,53 @@
+"""Low-level pieces of the runtime, for code that manages memory and copies itself.
+
+Most applications never need these: :class:`hetsched.Session` owns its pools, buffers and
+transfer engine. They are public for backends, benchmarks and tests that work below a session
+(as ``trio.lowlevel`` and ``anyio.lowlevel`` are)::
+
+    from hetsched.lowlevel import BufferPool, MemoryDomain, MemoryKind
+
+    with BufferPool(MemoryDomain("host", MemoryKind.HOST)) as pool:
+        buf = pool.acquire_nowait(((1, 3, 224, 224), "float32"))
+        ...
+
+The classes show as ``hetsched.lowlevel.X`` in reprs and docs.
+"""
+
+from ._runtime import BufferPool as BufferPool
+from ._runtime import BufferState as BufferState
+from ._runtime import ChannelStatistics as ChannelStatistics
+from ._runtime import LeakedBuffer as LeakedBuffer
+from ._runtime import MemoryDomain as MemoryDomain
+from ._runtime import MemoryKind as MemoryKind
+from ._runtime import PoolStatistics as PoolStatistics
+from ._runtime import SharedHandle as SharedHandle
+from ._runtime import TensorBuffer as TensorBuffer
+from ._runtime import Topology as Topology
+from ._runtime import TransferEngine as TransferEngine
+from ._runtime import TransferStatistics as TransferStatistics
+from ._runtime import rate_limited_copy as rate_limited_copy
+
+__all__ = (
+    "BufferPool",
+    "BufferState",
+    "ChannelStatistics",
+    "LeakedBuffer",
+    "MemoryDomain",
+    "MemoryKind",
+    "PoolStatistics",
+    "SharedHandle",
+    "TensorBuffer",
+    "Topology",
+    "TransferEngine",
+    "TransferStatistics",
+    "rate_limited_copy",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if (getattr(_obj, "__module__", None) or "").startswith("hetsched._"):
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj
