@@ -14,7 +14,17 @@ from typing import Any
 
 from hetsched._errors import BackendUnavailableError
 
-from ._base import Backend, BindableStage, Capabilities, CompiledStage, Device, DeviceKind, OpRule, TensorSpec
+from ._base import (
+    Backend,
+    BindableStage,
+    Capabilities,
+    CompiledStage,
+    Device,
+    DeviceKind,
+    OpRule,
+    TensorSpec,
+    WorkerStateStage,
+)
 
 __all__ = [
     "Backend",
@@ -25,6 +35,7 @@ __all__ = [
     "DeviceKind",
     "OpRule",
     "TensorSpec",
+    "WorkerStateStage",
     "get_backend",
     "register_backend",
     "unregister_backend",

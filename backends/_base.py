@@ -17,7 +17,12 @@ Two optional extensions make a backend faster without changing the three calls:
   between stages on one memory domain;
 * ``backend.worker_cpus(device)`` says how many stages the device runs at once
   and which cores each worker thread is pinned to (default: one worker on all of
-  ``device.cpus``, i.e. one stage at a time).
+  ``device.cpus``, i.e. one stage at a time);
+* a compiled stage that is also a :class:`WorkerStateStage` keeps state per worker
+  thread (one RKNN context per NPU core, one TensorRT execution context per thread):
+  the runtime creates it on each worker thread before that thread's first run of the
+  stage and passes it to every run there as ``state=``. Stages without the hook are
+  called exactly as before.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "DeviceKind",
     "OpRule",
     "TensorSpec",
+    "WorkerStateStage",
 ]
 
 DeviceKind = Literal["cpu", "gpu", "npu"]
@@ -166,6 +172,28 @@ class BindableStage(Protocol):
         including when the run's actual output shapes differ from the specs; the runtime then
         retries once through :meth:`CompiledStage.run` and stops binding this stage.
         """
+        ...
+
+
+@runtime_checkable
+class WorkerStateStage(Protocol):
+    """Optional: a compiled stage that keeps state per device worker thread.
+
+    The runtime looks the hook up once, when the stage is set up (``callable(getattr(stage,
+    "worker_state", None))``); only then are its runs called with ``state=``:
+    ``run(feeds, state=s)`` and, for a :class:`BindableStage`, ``run_into(feeds, outputs, state=s)``.
+    """
+
+    def worker_state(self, worker: Any) -> object:
+        """Make this stage's state for one worker thread (``worker``: a ``WorkerInfo`` with
+        ``device``, ``index``, ``cpus``), called once on that thread before its first run of
+        the stage. An exception fails that run; the next run on that thread calls it again."""
+        ...
+
+    def close_worker_state(self, state: object) -> None:
+        """Release ``state`` (optional), called on its worker thread when the worker stops
+        (the session closes or re-plans), also after failed runs. An exception is reported
+        by ``threading.excepthook`` once the worker's other states are closed."""
         ...
 
 

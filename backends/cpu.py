@@ -18,7 +18,6 @@ Device options (``Device.options``):
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ from hetsched._errors import CompileError, DeviceSpecError, StageExecutionError
 
 from ._base import Backend, Capabilities, CompiledStage, Device, TensorSpec
 
-__all__ = ["CpuBackend", "CpuStage", "intra_op_affinities", "pin_current_thread"]
+__all__ = ["CpuBackend", "CpuStage", "intra_op_affinities"]
 
 
 def intra_op_affinities(cpus: Sequence[int]) -> str | None:
@@ -45,15 +44,6 @@ def intra_op_affinities(cpus: Sequence[int]) -> str | None:
     if len(cpus) <= 1:
         return None
     return ";".join(str(c + 1) for c in cpus[1:])
-
-
-def pin_current_thread(cpus: Sequence[int]) -> set[int] | None:
-    """Pin the calling thread to ``cpus``; returns the previous affinity (None if unsupported)."""
-    if not cpus or not hasattr(os, "sched_setaffinity"):
-        return None
-    previous = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, set(cpus))
-    return previous
 
 
 _ORT_DTYPES: dict[str, np.dtype[Any]] = {
@@ -176,7 +166,7 @@ class CpuStage:
                     if last is None or last[2] != arr.shape:
                         check = True
                 bound[name] = (arr, ptr, arr.shape, arr.dtype)
-            for name, out in zip(self.output_names, outputs):
+            for name, out in zip(self.output_names, outputs, strict=False):
                 last = bound.get(name)
                 if last is not None and last[0] is out and last[2] == out.shape:
                     continue
@@ -193,7 +183,7 @@ class CpuStage:
             # into a bound buffer of the same size without complaint): check the shapes it
             # produced on the first run and whenever an input's shape changed.
             if check:
-                for name, out, value in zip(self.output_names, outputs, io.get_outputs()):
+                for name, out, value in zip(self.output_names, outputs, io.get_outputs(), strict=False):
                     if tuple(value.shape()) != out.shape:
                         raise ValueError(f"output {name!r} has shape {value.shape()}, not the inferred "
                                          f"{list(out.shape)}")
@@ -204,7 +194,7 @@ class CpuStage:
 
     def close(self) -> None:
         # InferenceSession has no close(); dropping the reference frees it.
-        self._session = None  # type: ignore[assignment]
+        self._session = None
 
 
 class CpuBackend:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -41,9 +41,10 @@ _CNN_CORE = (
     "Concat", "Dropout", "Identity", "LRN", "Softmax", "Resize", "Pad",
 )
 
-# Op limits per accelerator family (scheduling.md §3-4): RKNN runs a CNN core set plus
-# reshaping/matmul; TensorRT DLA runs convolutional layers in FP16/INT8 only (no
-# MatMul, no data-dependent shapes); Mali via OpenCL a broader float set; Ampere
+# Op limits per accelerator family (docs/sources.md [rknn-ops], [trt-dla]): RKNN runs a CNN
+# core set plus reshaping/matmul (RKNN-Toolkit2 operator support list); TensorRT DLA runs
+# convolutional layers in FP16/INT8 only (no MatMul, no data-dependent shapes; TensorRT
+# developer guide, "Working with DLA"); Mali via OpenCL a broader float set; Ampere
 # (TensorRT on the Orin GPU) nearly everything.
 OP_SETS: Mapping[str, Capabilities] = {
     "cpu": Capabilities.everything(),
@@ -189,15 +190,19 @@ def twin_devices(
     clock_fn: Callable[[str], int | None] = clock or (lambda _name: None)
     mem = next((d for d in profile.domains if d.kind == "memory"), None)
     out: list[Device] = []
-    compute = [d for d in profile.domains if d.kind in ("cpu", "gpu", "npu")]
-    for i, d in enumerate(compute):
+    compute: list[tuple[Any, Literal["cpu", "gpu", "npu"]]] = []
+    for d in profile.domains:
+        kind = d.kind
+        if kind == "cpu" or kind == "gpu" or kind == "npu":
+            compute.append((d, kind))
+    for i, (d, kind) in enumerate(compute):
         op_set = (op_sets or {}).get(d.name) or _op_set_for(profile, d)
         bw = mem.bandwidth_bps(mem.max_hz) if mem is not None else 1e10
         role = d.core_name or d.kind
         out.append(
             Device(
                 name=d.name,
-                kind=d.kind,
+                kind=kind,
                 backend="sim",
                 cpus=(cpus[i % len(cpus)],),
                 memory_domain="dram",
@@ -214,11 +219,8 @@ def twin_devices(
 
 
 def _op_set_for(profile: Any, domain: Any) -> str:
-    if domain.kind == "gpu":
-        return "mali" if profile.family == "rockchip" else "ampere"
-    if domain.kind == "npu":
-        return "rknn" if profile.family == "rockchip" else "dla"
-    return "cpu"
+    """The op set of ``domain``: the profile's accelerator op set for its kind, else ``cpu``."""
+    return str(profile.quirks.op_sets.get(domain.kind, "cpu"))
 
 
 backend_class = SimBackend

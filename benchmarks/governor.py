@@ -2,7 +2,7 @@
 
 For each board (``rk3588``, ``orin-nx``) and workload (a training loop, a sustained
 inference stream with idle gaps), the same work is run from a cool start by every policy,
-each on a fresh :class:`~hetsched._twin.sim.SimBoard`:
+each on a fresh :class:`hetsched.SimBoard`:
 
 * ``hetsched``    the phase-aware governor with a profile auto-tuned on the board
                   (one-off calibration run, saved as JSON and reloaded), thermal guard on;
@@ -58,16 +58,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetsched._governor import (
-    AxisTuner,
+from hetsched import (
     Governor,
     GovernorConfig,
     GovernorProfile,
     Measurement,
     OperatingPoint,
     Phase,
+    PhaseWork,
+    SimBoard,
 )
-from hetsched._twin.sim import PhaseWork, SimBoard
+from hetsched.lowlevel import AxisTuner
 
 M = 1e6
 G = 1e9

@@ -40,9 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import governor as gb  # noqa: E402  (the same workloads, policies and runner)
 
-from hetsched._governor import GovernorConfig, OperatingPoint, Phase  # noqa: E402
-from hetsched._governor._model import PhaseModel  # noqa: E402
-from hetsched._twin.sim import SimBoard  # noqa: E402
+from hetsched import GovernorConfig, OperatingPoint, Phase, PhaseModel, SimBoard  # noqa: E402
 
 BOUND = 1.05
 LAMBDAS = (0.5, 1, 2, 3, 4, 6, 8, 11, 16, 22, 32, 64)

@@ -41,12 +41,11 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
-
-from hetsched import Device, Session, load_model
-from hetsched._planning.graph import GraphIndex
-from hetsched._planning.partition import extract_stage
 from hetsched.backends.cpu import CpuBackend
 from hetsched.policies import Pinned
+
+from hetsched import Device, Session, load_model
+from hetsched.lowlevel import GraphIndex, extract_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import cheapest_cuts, folded, random_feeds  # noqa: E402
@@ -78,7 +77,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         n4 = len(four.plan.stages)
         for s in (one, four):  # same results as bare onnxruntime
             got = await s.run(None, feeds)
-            for g, e in zip(got, ref):
+            for g, e in zip(got, ref, strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
         # the same four stage models, run back to back on the main thread by bare onnxruntime:
         # what the split alone costs (layout conversions and lost fusions at the cuts)
@@ -100,9 +99,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         async def time_split() -> float:
             t0 = time.perf_counter()
             vals = dict(feeds)
-            for spec, sess in split:
+            for _spec, sess in split:
                 names = [o.name for o in sess.get_outputs()]
-                vals.update(zip(names, sess.run(None, {i.name: vals[i.name] for i in sess.get_inputs()})))
+                vals.update(zip(names, sess.run(None, {i.name: vals[i.name] for i in sess.get_inputs()}), strict=True))
             return time.perf_counter() - t0
 
         runners = {"bare": time_bare, "one": lambda: time_session(one), "four": lambda: time_session(four),

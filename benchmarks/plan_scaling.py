@@ -40,10 +40,8 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
-from hetsched import resolve_devices
-from hetsched._planning.graph import GraphIndex
-from hetsched._planning.model import load_model
-from hetsched._planning.plan import build_plan
+from hetsched import load_model, resolve_devices
+from hetsched.lowlevel import GraphIndex, build_plan
 
 F = TensorProto.FLOAT
 DIM = 64

@@ -24,12 +24,14 @@ from typing import Any
 
 
 def bench_sample(soc: str, samples: int) -> dict[str, Any]:
-    from hetsched._platform import Telemetry
-    from hetsched.testing._boards import build_board_tree
+    from hetsched import Telemetry, discover
+    from hetsched.lowlevel import for_platform
+    from hetsched.testing import build_board_tree
 
     with tempfile.TemporaryDirectory(prefix=f"hetsched-bench-{soc}-") as root:
         build_board_tree(root, soc)
-        tm = Telemetry(root, capacity=64)
+        platform = discover(root)
+        tm = Telemetry(root, capacity=64, platform=platform, estimator=for_platform(platform))
         for _ in range(20):  # warm caches (dentries, bytecode)
             tm.sample_once()
         times = []
@@ -61,7 +63,7 @@ def bench_sim(sim_seconds: float, soc: str = "rk3588") -> dict[str, Any] | None:
     :class:`Snapshot` the governor consumes at every decision.
     """
     try:
-        from hetsched._twin.sim import SimBoard
+        from hetsched import SimBoard
     except ImportError:
         return None
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sim = bench_sim(args.sim_seconds)
     if sim is None:
-        print("sim: hetsched._twin.sim fast-simulation API not available; sim_seconds_per_wall_second omitted")
+        print("sim: hetsched.SimBoard fast-simulation API not available; sim_seconds_per_wall_second omitted")
     else:
         print(f"sim {sim['sim_soc']}: {sim['sim_seconds']:g} board s with a decision every 10 ms: "
               f"{sim['sim_seconds_per_wall_second']:g} board s per wall s "

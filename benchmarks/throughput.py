@@ -60,10 +60,11 @@ from typing import Any
 
 import anyio
 import onnxruntime as ort
+from hetsched.backends.cpu import CpuBackend
+from hetsched.policies import Pinned
 
 from hetsched import Device, Session
-from hetsched.backends.cpu import CpuBackend, pin_current_thread
-from hetsched.policies import Pinned
+from hetsched.lowlevel import pin_current_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import folded, random_feeds  # noqa: E402
@@ -178,7 +179,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in rates.items()}
     best_ort = max(med["ort_all_threads"], med["ort_per_core"])
     # paired per round: each round's hetsched rate over that round's best onnxruntime rate
-    paired = [h / max(a, b) for h, a, b in zip(rates["hetsched_map"], rates["ort_all_threads"], rates["ort_per_core"])]
+    paired = [h / max(a, b) for h, a, b in zip(rates["hetsched_map"], rates["ort_all_threads"], rates["ort_per_core"], strict=True)]
     return {
         "model": args.model,
         "cores": list(cpus),

@@ -1,8 +1,9 @@
 """The SoC twin's figures beside published ones (one row each), by running the simulation.
 
 Every twin figure below is *measured from the fast simulation* (``SimBoard``) under the load the
-published figure describes; nothing is copied from the reference into the result. Published
-figures: /work/shared/reference/dvfs.md §3 and §6, seeds-digest.md §B.
+published figure describes; nothing is copied from the published figure into the result. Each
+row names its source by key; ``docs/sources.md`` resolves the keys to public primary sources and
+``docs/twin-calibration.md`` explains each comparison.
 
 Prints a table, then one final JSON line with ``rows`` and ``max_rel_error`` (target <= 0.25).
 
@@ -14,8 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hetsched._twin.profiles import get_profile, rk3588_profile
-from hetsched._twin.sim import PhaseWork, SimBoard
+from hetsched import PhaseWork, SimBoard, SocProfile, get_profile, rk3588_profile
 
 
 def _mean_power(board: SimBoard, seconds: float, what: str = "total") -> float:
@@ -39,9 +39,9 @@ def rk3588_all_cores_rise() -> float:
     return busy - idle
 
 
-def _em_power(profile: object, domain: str, hz: int, util: float, seconds: float = 1.0) -> float:
+def _em_power(profile: SocProfile, domain: str, hz: int, util: float, seconds: float = 1.0) -> float:
     """Energy-model (dynamic) power of ``domain`` at ``hz`` and ``util``, from the sim's integrator."""
-    b = SimBoard(profile, noise=False)  # type: ignore[arg-type]
+    b = SimBoard(profile, noise=False)
     b.set_frequency(domain, hz)
     b.set_utilisation(domain, util)
     e0 = b.statistics().dynamic_energy_by_domain_j[domain]
@@ -69,7 +69,7 @@ def orin_nx_idle_vdd_in() -> float:
     return (b.statistics().energy_by_rail_j["VDD_IN"] - e0) / 60.0
 
 
-# YOLOv5s INT8 at 320x320 (assumed per-frame work; see the module docstring of the twin):
+# YOLOv5s INT8 at 320x320 (assumed per-frame work; docs/twin-calibration.md):
 #   GPU: ~4.1 GOPs (16.5 GFLOPs at 640 scaled by 1/4) at an effective 2048 ops/cycle (~6 % of
 #        the tensor-core peak, typical for a small detector) -> 2.0e6 GPU cycles;
 #   DRAM: ~60 MB per frame (7 MB INT8 weights + activations in and out);
@@ -116,14 +116,15 @@ def main() -> int:
     cpu, gpu, ddr = orin_nx_yolo_split()
     rows = [
         ("RK3588 board power rise, 8 cores busy at top clocks (ROCK 5B, W)", rk3588_all_cores_rise(), 6.0,
-         "dvfs.md §3: ThomasKaiser ROCK 5B 7-zip"),
-        ("Mali-G610 at 1 GHz fully busy, energy model (W)", mali_1ghz(), 2.15, "dvfs.md §6"),
-        ("One A76 core at 2.4 GHz, energy model (W)", a76_core_2g4(), 0.998, "dvfs.md §6"),
-        ("One A55 core at 1.8 GHz, energy model (W)", a55_core_1g8(), 0.370, "dvfs.md §6"),
-        ("Orin NX idle VDD_IN (W; published 3.3-5.8, middle)", orin_nx_idle_vdd_in(), (3.3 + 5.8) / 2, "dvfs.md §6"),
-        ("Orin NX YOLOv5s INT8: CPU (W)", cpu, 1.2, "seeds-digest.md §B"),
-        ("Orin NX YOLOv5s INT8: GPU (W)", gpu, 2.9, "seeds-digest.md §B"),
-        ("Orin NX YOLOv5s INT8: DDR (W)", ddr, 1.4, "seeds-digest.md §B"),
+         "[rock5b-power] Thomas Kaiser, ROCK 5B 7-zip"),
+        ("Mali-G610 at 1 GHz fully busy, energy model (W)", mali_1ghz(), 2.15, "[rk-mainline-dts] C=2982 at 850 mV"),
+        ("One A76 core at 2.4 GHz, energy model (W)", a76_core_2g4(), 0.998, "[rk-mainline-dts] C=416 at 1000 mV"),
+        ("One A55 core at 1.8 GHz, energy model (W)", a55_core_1g8(), 0.370, "[rk-mainline-dts] C=228 at 950 mV"),
+        ("Orin NX idle VDD_IN (W; published 3.3-5.8, middle)", orin_nx_idle_vdd_in(), (3.3 + 5.8) / 2,
+         "[tegrastats] sample lines"),
+        ("Orin NX YOLOv5s INT8: CPU (W)", cpu, 1.2, "[practitioner-yolo]"),
+        ("Orin NX YOLOv5s INT8: GPU (W)", gpu, 2.9, "[practitioner-yolo]"),
+        ("Orin NX YOLOv5s INT8: DDR (W)", ddr, 1.4, "[practitioner-yolo]"),
     ]
     out = []
     width = max(len(r[0]) for r in rows)

@@ -14,8 +14,7 @@ import json
 import sys
 import time
 
-from hetsched._snapshot import Snapshot
-from hetsched._twin.sim import PhaseWork, SimBoard
+from hetsched import PhaseWork, SimBoard, Snapshot
 
 
 def decide(snap: Snapshot, step: int) -> dict[str, int]:

@@ -35,9 +35,9 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
+from hetsched.policies import Pinned
 
 from hetsched import Device, EventInfo, Hooks, Session
-from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import folded, random_feeds  # noqa: E402
@@ -77,10 +77,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if i % 2:
                 with await s.run(None, feeds, zero_copy=True) as out:
                     got = list(out.values())
-                    wrong += sum(not np.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, ref))
+                    wrong += sum(not np.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, ref, strict=True))
             else:
                 got = await s.run(None, feeds)
-                wrong += sum(not np.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, ref))
+                wrong += sum(not np.allclose(g, e, rtol=1e-4, atol=1e-5) for g, e in zip(got, ref, strict=True))
 
         async with anyio.create_task_group() as tg:
             for i in range(args.requests):

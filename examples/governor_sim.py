@@ -10,8 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from hetsched._governor import Governor, GovernorProfile, Phase
-from hetsched._twin.sim import PhaseWork, SimBoard
+from hetsched import Governor, GovernorProfile, Phase, PhaseWork, SimBoard
 
 M, G = 1e6, 1e9
 STEPS = [

@@ -27,7 +27,7 @@ async def main(path: Path) -> None:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         outputs = await session.run(None, {inp.name: x})
         reference = ort.InferenceSession(str(path)).run(None, {inp.name: x})
-        for got, want in zip(outputs, reference):
+        for got, want in zip(outputs, reference, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         print(f"{len(session.plan.stages)} stages; outputs match onnxruntime")
         # Many requests in flight: stages of different requests overlap on different devices.

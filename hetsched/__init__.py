@@ -6,13 +6,20 @@ power-and-thermal-weighted placement, and run requests through the stages::
     async with hetsched.Session("model.onnx", devices=["big", "little"]) as s:
         outputs = await s.run({"input": x})
         print(s.plan.table())
+
+Govern the clocks per program phase on a board (or on a board hetsched has no profile
+for, through your own :class:`ClockPort`)::
+
+    with hetsched.Governor(root="/", slowdown=0.05) as gov:
+        with gov.phase(hetsched.Phase.INFER):
+            ...
+
+Every public name is re-exported here, grouped below by layer from the board up; the
+pieces that work below a session (buffers, copies, planning primitives, the tuner) are in
+:mod:`hetsched.lowlevel`, test helpers in :mod:`hetsched.testing`.
 """
 
-from ._planning.costs import CostTable as CostTable
-from ._planning.costs import CostTableStatistics as CostTableStatistics
-from ._planning.devices import CpuCluster as CpuCluster
-from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
-from ._planning.devices import resolve_devices as resolve_devices
+# Errors: one tree under HetschedError (hetsched._errors).
 from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import BufferLeakError as BufferLeakError
@@ -42,20 +49,9 @@ from ._errors import TwinError as TwinError
 from ._errors import UnknownSocError as UnknownSocError
 from ._errors import UnsupportedFrequencyError as UnsupportedFrequencyError
 from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
-from ._events import Event as Event
-from ._events import EventInfo as EventInfo
-from ._events import Hooks as Hooks
-from ._events import Priority as Priority
-from ._planning.model import load_model as load_model
-from ._planning.partition import StageSpec as StageSpec
-from ._planning.plan import Plan as Plan
-from ._session import Session as Session
-from ._session import SessionStatistics as SessionStatistics
-from ._session import SyncSession as SyncSession
-from ._snapshot import DomainState as DomainState
-from ._snapshot import RailState as RailState
-from ._snapshot import Snapshot as Snapshot
-from ._snapshot import ZoneState as ZoneState
+
+# Platform: what the board is and what it reports (sysfs discovery, telemetry, snapshots).
+# isort: split
 from ._platform import ClusterInfo as ClusterInfo
 from ._platform import DeviceInfo as DeviceInfo
 from ._platform import Platform as Platform
@@ -68,6 +64,13 @@ from ._platform import UdevEvent as UdevEvent
 from ._platform import UdevMonitor as UdevMonitor
 from ._platform import ZoneInfo as ZoneInfo
 from ._platform import discover as discover
+from ._snapshot import DomainState as DomainState
+from ._snapshot import RailState as RailState
+from ._snapshot import Snapshot as Snapshot
+from ._snapshot import ZoneState as ZoneState
+
+# Digital twin: SoC profiles, simulated boards and sysfs trees that behave like real ones.
+# isort: split
 from ._twin import DomainInfo as DomainInfo
 from ._twin import LiveTwin as LiveTwin
 from ._twin import LiveTwinStatistics as LiveTwinStatistics
@@ -77,28 +80,61 @@ from ._twin import SimStatistics as SimStatistics
 from ._twin import SocProfile as SocProfile
 from ._twin import get_profile as get_profile
 from ._twin import known_socs as known_socs
-from ._runtime import TransferInfo as TransferInfo
-from ._governor import BatchAdvice as BatchAdvice
-from ._governor import BatchMeasurement as BatchMeasurement
-from ._governor import BatchOption as BatchOption
-from ._governor import Governor as Governor
-from ._governor import GovernorConfig as GovernorConfig
-from ._governor import GovernorProfile as GovernorProfile
-from ._governor import GovernorStatistics as GovernorStatistics
-from ._governor import GovernorWarning as GovernorWarning
-from ._governor import OperatingPoint as OperatingPoint
-from ._governor import Phase as Phase
-from ._governor import PhaseStatistics as PhaseStatistics
-from ._governor import advise_batch_size as advise_batch_size
-from ._governed import GovernorHooks as GovernorHooks
-from ._session import Outputs as Outputs
-from ._stream import ResultStream as ResultStream
-from ._stream import StreamStatistics as StreamStatistics
-from ._runtime import StageIO as StageIO
+from ._twin import rk3588_profile as rk3588_profile
+
+# Planning: models, devices, costs and the partition of a model into stages.
+# isort: split
+from ._planning.costs import CostTable as CostTable
+from ._planning.costs import CostTableStatistics as CostTableStatistics
+from ._planning.devices import CpuCluster as CpuCluster
+from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
+from ._planning.devices import resolve_devices as resolve_devices
+from ._planning.model import load_model as load_model
+from ._planning.partition import StageSpec as StageSpec
+from ._planning.plan import Plan as Plan
+
+# Placement policies and the backends that run stages.
+# isort: split
 from .backends import Device as Device
 from .policies import DeviceState as DeviceState
 from .policies import Placement as Placement
 from .policies import PlacementProblem as PlacementProblem
+
+# Runtime and sessions: running requests through the stages, events and hooks.
+# isort: split
+from ._delivery import Outputs as Outputs
+from ._events import Event as Event
+from ._events import EventInfo as EventInfo
+from ._events import Hooks as Hooks
+from ._events import Priority as Priority
+from ._runtime import StageIO as StageIO
+from ._runtime import TransferInfo as TransferInfo
+from ._session import Session as Session
+from ._session import SessionStatistics as SessionStatistics
+from ._stream import ResultStream as ResultStream
+from ._stream import StreamStatistics as StreamStatistics
+from ._sync import SyncSession as SyncSession
+
+# Governor: phase-aware DVFS, its extension points (ClockPort, DomainSpec, PhaseModel) and hooks.
+# isort: split
+from ._governed import GovernorHooks as GovernorHooks
+from ._governor import BatchAdvice as BatchAdvice
+from ._governor import BatchMeasurement as BatchMeasurement
+from ._governor import BatchOption as BatchOption
+from ._governor import ClockPort as ClockPort
+from ._governor import DomainSpec as DomainSpec
+from ._governor import Governor as Governor
+from ._governor import GovernorConfig as GovernorConfig
+from ._governor import GovernorEngine as GovernorEngine
+from ._governor import GovernorProfile as GovernorProfile
+from ._governor import GovernorStatistics as GovernorStatistics
+from ._governor import GovernorWarning as GovernorWarning
+from ._governor import Measurement as Measurement
+from ._governor import OperatingPoint as OperatingPoint
+from ._governor import Phase as Phase
+from ._governor import PhaseModel as PhaseModel
+from ._governor import PhaseStatistics as PhaseStatistics
+from ._governor import advise_batch_size as advise_batch_size
 
 __version__ = "0.1.0"
 
@@ -110,6 +146,7 @@ __all__ = (
     "BatchOption",
     "BufferLeakError",
     "BufferStateError",
+    "ClockPort",
     "ClusterInfo",
     "CompileError",
     "CostTable",
@@ -120,12 +157,14 @@ __all__ = (
     "DeviceSpecError",
     "DeviceState",
     "DomainInfo",
+    "DomainSpec",
     "DomainState",
     "Event",
     "EventInfo",
     "FrequencyLockError",
     "Governor",
     "GovernorConfig",
+    "GovernorEngine",
     "GovernorError",
     "GovernorHooks",
     "GovernorProfile",
@@ -137,6 +176,7 @@ __all__ = (
     "InvalidModelError",
     "LiveTwin",
     "LiveTwinStatistics",
+    "Measurement",
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
@@ -145,6 +185,7 @@ __all__ = (
     "PartitionError",
     "PathOutsideRootError",
     "Phase",
+    "PhaseModel",
     "PhaseStatistics",
     "PhaseWork",
     "Placement",
@@ -194,6 +235,7 @@ __all__ = (
     "known_socs",
     "load_model",
     "resolve_devices",
+    "rk3588_profile",
 )
 
 # Show public objects as hetsched.X in reprs and docs (anyio 4.x does the same).

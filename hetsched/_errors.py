@@ -40,6 +40,8 @@ Errors from onnxruntime and the OS are translated at the boundary with
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
@@ -105,6 +107,9 @@ class PartitionError(HetschedError, ValueError):
     Attributes ``op_types`` (sorted list) and ``devices`` (names asked) say which.
     """
 
+    op_types: list[str]
+    devices: list[str]
+
     def __init__(self, message: str, *, op_types: list[str] | None = None, devices: list[str] | None = None):
         super().__init__(message)
         self.op_types = list(op_types or [])
@@ -144,6 +149,9 @@ class CompileError(BackendError):
 class StageExecutionError(BackendError):
     """A stage failed while running a request. ``stage`` and ``device`` name where."""
 
+    stage: str | None
+    device: str | None
+
     def __init__(self, message: str, *, stage: str | None = None, device: str | None = None):
         super().__init__(message)
         self.stage = stage
@@ -162,7 +170,19 @@ class BufferStateError(HetschedError, RuntimeError):
 
 
 class BufferLeakError(BufferStateError):
-    """Buffers were still referenced when their pool closed; the message names their stages."""
+    """Buffers were still referenced when their pool closed; the message names their stages.
+
+    ``labels``: the label of each leaked buffer (``"<stage>:<value>"``, None if unlabelled);
+    ``stages``: the stages that produced them, sorted (filled in by ``Session`` on close).
+    """
+
+    labels: list[str | None]
+    stages: list[str]
+
+    def __init__(self, message: str, *, labels: Iterable[str | None] = (), stages: Iterable[str] = ()):
+        super().__init__(message)
+        self.labels = list(labels)
+        self.stages = list(stages)
 
 
 class TransferError(HetschedError):

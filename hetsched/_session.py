@@ -5,69 +5,49 @@ domain, a :class:`TransferEngine` between domains that do not share memory, and 
 :class:`Scheduler` with per-device worker threads fed by priority queues (see
 ``hetsched/_runtime/_scheduler.py`` for the flow of one request).
 
-Zero-copy contract:
-
-* A stage whose outputs have static shapes (after shape inference) and a backend that
-  runs in place (:class:`~hetsched.backends.BindableStage`; the CPU backend does, through
-  onnxruntime IO binding) writes its outputs straight into pool buffers, and the next
-  stage on the same memory domain reads that very memory. Other stages get
-  backend-allocated outputs; ``statistics().unbound_stages`` names them and why.
-* ``await s.run(feeds)`` returns arrays the caller owns. A stage whose outputs only the
-  caller reads then lets the backend allocate them and they are handed over as they are:
-  no pool buffer, no copy (onnxruntime hands its allocation to numpy). An output that lives
-  in a pool buffer because a stage reads it too (or it crossed a memory domain) is copied
-  **exactly once** into a fresh array, in the worker that finished the request, and its
-  buffer goes back to the pool right away (``statistics().bytes_copied_to_caller``).
-* ``await s.run(feeds, zero_copy=True)`` returns :class:`Outputs`: read-only views of the
-  pool memory itself, no copy at all, valid until ``outputs.release()`` (or the end of
-  ``with outputs:``). Outputs still unreleased when the session closes are reported as a
-  :class:`~hetsched.BufferLeakError` naming the stage that produced them.
+What lives where: the Session wires (this module: lifecycle, planning and re-planning,
+statistics, the public calls); everything a request goes through once the session is open is
+the session core (``hetsched/_core.py``), shared by ``run()`` and ``map()`` streams
+(``hetsched/_stream.py``); feed checks, delivery and its zero-copy contract, profiling, setup
+helpers and :class:`~hetsched.SyncSession` have their own modules (``_feeds``, ``_delivery``,
+``_profiling``, ``_setup``, ``_sync``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
-import threading
-import time
-from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import anyio
-import anyio.from_thread
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from hetsched.backends import Device, get_backend
-from hetsched.backends.cpu import pin_current_thread
-from hetsched.policies import DeviceState, PlacementPolicy
+from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 
-from ._planning.costs import STAGE_OVERHEAD_S, CostTable, analytic_node_costs
+from ._core import SessionCore, priority_value
+from ._delivery import Outputs
+from ._errors import BufferLeakError, RuntimeStateError
+from ._events import Event, HookDispatcher, Priority
+from ._feeds import FeedChecker, random_feeds
+from ._planning.costs import CostTable
 from ._planning.devices import resolve_devices
-from ._errors import BackendError, BufferLeakError, InputError, RuntimeStateError, TransferError
-from ._events import Event, EventInfo, HookDispatcher, Priority
 from ._planning.graph import GraphIndex
-from ._planning.model import ModelSource, load_model
-from ._planning.partition import extract_stage
-from ._planning.plan import Plan, build_plan, unit_key
-from ._runtime._buffers import BufferPool, PoolStatistics, TensorBuffer, pools_for
-from ._runtime._domains import MemoryDomain, MemoryKind, Topology
-from ._runtime._scheduler import _MISSING, Admission, Scheduler, StageRuntime
+from ._planning.model import ModelSource
+from ._planning.plan import Plan, build_plan
+from ._profiling import profile_units
+from ._runtime._buffers import BufferPool, PoolStatistics, pools_for
+from ._runtime._clock import Clock, SystemClock
+from ._runtime._domains import Topology
+from ._runtime._scheduler import Scheduler, StageRuntime
+from ._runtime._transfer import CopyFn, TransferEngine, TransferStatistics
+from ._setup import TransferEvents, compile_stages, load_index, make_topology, output_sources
 from ._stream import ResultStream
-from ._runtime._transfer import CopyFn, TransferEngine, TransferInfo, TransferStatistics
 
-__all__ = ["Outputs", "Session", "SessionStatistics", "SyncSession"]
-
-
-def _np_dtype(elem_type: int) -> np.dtype[Any] | None:
-    try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, TypeError, ValueError):
-        return None
+__all__ = ["Session", "SessionStatistics"]
 
 
 @dataclass(frozen=True)
@@ -115,112 +95,6 @@ class SessionStatistics:
         return sum(p.bytes_copied_same_domain for p in self.pools.values())
 
 
-class Outputs(Mapping[str, np.ndarray]):
-    """A request's outputs as read-only views of pool memory (``run(..., zero_copy=True)``).
-
-    ::
-
-        with await s.run(feeds, zero_copy=True) as out:
-            top5 = np.argsort(out["prob"][0])[-5:]      # reads the memory the last stage wrote
-        # the buffers are back in the pool here: views taken above must not be used any more
-
-    Iteration follows the requested output order, so ``list(out.values())`` is
-    onnxruntime's list form. Arrays that were not pool-backed (a fed input passed through,
-    a constant, a backend-allocated output) are included as they are. ``release()`` is
-    idempotent and thread-safe; afterwards indexing raises :class:`RuntimeStateError`.
-    """
-
-    __slots__ = ("_arrays", "_buffers", "_lock")
-
-    def __init__(self, arrays: dict[str, np.ndarray], buffers: list[TensorBuffer]):
-        self._arrays: dict[str, np.ndarray] | None = arrays
-        self._buffers = buffers
-        self._lock = threading.Lock()
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        arrays = self._arrays
-        if arrays is None:
-            raise RuntimeStateError("these outputs were released; their memory is back in the pool")
-        return arrays[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays or {})
-
-    def __len__(self) -> int:
-        return len(self._arrays or {})
-
-    @property
-    def released(self) -> bool:
-        return self._arrays is None
-
-    @property
-    def buffers(self) -> tuple[TensorBuffer, ...]:
-        """The pool buffers behind the views (for ``ptr``/``export()``), until released."""
-        return tuple(self._buffers)
-
-    def copy(self) -> dict[str, np.ndarray]:
-        """Arrays that own their memory (one copy each), valid after :meth:`release`."""
-        return {k: np.array(v, copy=True) for k, v in self.items()}
-
-    def release(self) -> None:
-        """Give the buffers back to their pools (views become invalid)."""
-        with self._lock:
-            bufs, self._buffers, self._arrays = self._buffers, [], None
-        for b in bufs:
-            b.release()
-
-    def __enter__(self) -> Outputs:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        if self._arrays is None:
-            return "<Outputs released>"
-        return f"<Outputs {list(self._arrays)} zero-copy, {len(self._buffers)} pool buffer(s)>"
-
-
-class _TransferEvents:
-    """Adapts the engine's transfer callbacks to session hooks; an event nobody listens to
-    is None here, so the engine skips it for free."""
-
-    def __init__(self, dispatch: HookDispatcher):
-        self.before_transfer = self._forward(Event.BEFORE_TRANSFER, dispatch)
-        self.after_transfer = self._forward(Event.AFTER_TRANSFER, dispatch)
-        self.preempted = self._forward(Event.PREEMPTED, dispatch)
-        self.resumed = self._forward(Event.RESUMED, dispatch)
-
-    @staticmethod
-    def _forward(event: Event, dispatch: HookDispatcher) -> Callable[[TransferInfo], None] | None:
-        fns = dispatch.listeners[event]
-        if not fns:
-            return None
-
-        def forward(t: TransferInfo) -> None:
-            # labels are "<stage>:<value>-><domain>#<request id>" (see Scheduler._transfer)
-            head, _, rid = t.label.rpartition("#")
-            stage = head.split(":", 1)[0] if head else None
-            info = EventInfo(event, time.perf_counter(), int(rid) if rid.isdigit() else None,
-                             Priority(t.priority) if 0 <= t.priority <= 3 else None, stage, None,
-                             nbytes=t.nbytes, extra=t)
-            for fn in fns:
-                fn(info)
-
-        return forward
-
-
-_PRIORITIES = frozenset(int(p) for p in Priority)
-
-
-def _is_ort_form(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    if len(args) == 2:
-        return True
-    if "input_feed" in kwargs:
-        return True
-    return False
-
-
 class Session:
     """Run an ONNX model across devices, many requests at once.
 
@@ -252,7 +126,8 @@ class Session:
     Everything the session starts (device threads, transfers) is stopped and joined when
     the ``async with`` block exits, also on error or cancellation.
 
-    :param model: a path, bytes or ``onnx.ModelProto``.
+    :param model: a path, bytes, an ``onnx.ModelProto`` or the name of an embedded model
+        (``"light_squeezenet"``, as the CLI accepts; see :func:`hetsched.load_model`).
     :param devices: device specs or :class:`Device` objects (default: the host's CPU clusters).
     :param policy: a policy object, function or name (default ``PowerThermalWeighted()``).
     :param max_unit_nodes: cut unit subgraphs to at most this many nodes (1 = one node each).
@@ -280,6 +155,10 @@ class Session:
         all, or per domain name; default unbounded). A stage that finds its pool full does not
         wait: that run writes into backend-allocated outputs instead (``stage_runs_unbound``); a
         transfer into a full domain waits for room (backpressure).
+    :param clock: the clock the runtime reads for admission times (FIFO order and aging), the
+        deadline of a coalesced wake-up, stage timings and hook timestamps (default: the
+        system's; a test passes a ``VirtualClock`` (``hetsched/_runtime/_clock.py``) and advances it
+        by hand, so nothing it checks depends on how fast the machine is).
     :raises ModelError: the model could not be loaded (on ``__aenter__``).
     :raises PartitionError, PlacementError, DeviceSpecError, CompileError: planning failed.
     :raises TransferError: a device's memory domain is not in ``topology``.
@@ -307,6 +186,7 @@ class Session:
         chunk_bytes: int = 1 << 20,
         copy_fn: CopyFn | None = None,
         pool_capacity_bytes: int | Mapping[str, int | None] | None = None,
+        clock: Clock | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -322,79 +202,68 @@ class Session:
 
             hooks = [*hooks, GovernorHooks(governor)]
         self._dispatch = HookDispatcher(hooks)
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._device_states = dict(device_states or {})
         self.costs = costs if costs is not None else CostTable()
         self._learn_costs = learn_costs
-        self._max_in_flight = max_in_flight
         self._topology_arg = topology
         self._priorities = priorities
         self._aging_s = aging_s
         self._chunk_bytes = chunk_bytes
         self._copy_fn = copy_fn
         self._pool_capacity = pool_capacity_bytes
+        self._core = SessionCore(self._dispatch, self._clock, max_in_flight)
         self._plan: Plan | None = None
         self._index: GraphIndex | None = None
+        self._devices: list[Device] = []
         self._stages: list[StageRuntime] = []
         self._scheduler: Scheduler | None = None
         self._engine: TransferEngine | None = None
         self._pools: dict[str, BufferPool] = {}
         self._topology: Topology | None = None
         self._host = "host"
-        self._open = False
-        self._limiter: Admission | None = None
-        self._ids = itertools.count(1)
-        self._stats = {"started": 0, "completed": 0, "failed": 0, "cancelled": 0}
-        self._in_flight = 0
-        self._peak_in_flight = 0
-        self._constants: dict[str, Any] = {}
-        self._output_source: dict[str, int | None] = {}
         self._retired_runs = 0
-        self._feed_specs: dict[str, Any] = {}
-        self._required: tuple[str, ...] = ()
-        self._all_outputs: tuple[str, ...] = ()
-        self._streams: set[ResultStream] = set()
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Session:
-        if self._open:
+        if self._core.is_open:
             raise RuntimeStateError("Session is already open")
-        self._index = await anyio.to_thread.run_sync(self._load)
-        self._feed_specs = self._feed_specs_for(self._index)
-        self._all_outputs = tuple(self._index.graph_outputs)
-        self._required = tuple(self._index.required_inputs)
-        self._devices = resolve_devices(self._device_specs, root=self._root)
-        self._topology, self._host = self._make_topology(self._devices)
+        index, constants = await anyio.to_thread.run_sync(load_index, self._source)
+        self._index = index
+        self._devices = list(resolve_devices(self._device_specs, root=self._root))
+        self._topology, self._host = make_topology(self._topology_arg, self._devices)
         self._retired_runs = 0
         try:
             self._pools = pools_for(self._topology, capacity_bytes=self._pool_capacity, root=self._root)
             # a custom copy (a DMA wait, a modelled link) may block: never run it on the event loop
             inline = {} if self._copy_fn is None else {"inline_bytes": 0}
             self._engine = TransferEngine(self._topology, self._pools, chunk_bytes=self._chunk_bytes,
-                                          copy_fn=self._copy_fn, hooks=_TransferEvents(self._dispatch), **inline)
+                                          copy_fn=self._copy_fn,
+                                          hooks=TransferEvents(self._dispatch, self._clock), **inline)
             await self._engine.__aenter__()
             self._scheduler = Scheduler(
                 pools=self._pools, topology=self._topology, host=self._host, engine=self._engine,
                 dispatch=self._dispatch, costs=self.costs, learn_costs=self._learn_costs,
-                priorities=self._priorities, aging_s=self._aging_s,
+                priorities=self._priorities, aging_s=self._aging_s, clock=self._clock,
             )
             await self._replan()
-            self._limiter = Admission(self._max_in_flight)
+            self._core.open(self._scheduler, FeedChecker(index), index.graph_outputs, constants)
             self._start_workers()
         except BaseException as exc:
+            self._core.close()
             with anyio.CancelScope(shield=True):
                 await self._shutdown(exc)
             raise
-        self._open = True
-        self._emit(Event.SESSION_START)
+        self._core.emit(Event.SESSION_START)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         with anyio.CancelScope(shield=True):
-            self._open = False
+            self._core.close()
             leak = await self._shutdown(exc)
-            self._emit(Event.SESSION_END, error=exc or leak)
+            self._core.emit(Event.SESSION_END, error=exc or leak)
         if leak is not None and exc is None:
             raise leak
 
@@ -413,39 +282,10 @@ class Session:
                 leaks.append(err)
         if not leaks:
             return None
-        labels = [lbl for e in leaks for lbl in getattr(e, "labels", [])]
-        stages = sorted({lbl.split(":", 1)[0] for lbl in labels})
-        err = BufferLeakError(f"session closed with buffers still referenced, produced by stage(s) {stages}: "
-                              + "; ".join(str(e) for e in leaks))
-        err.labels = labels  # type: ignore[attr-defined]
-        err.stages = stages  # type: ignore[attr-defined]
-        return err
-
-    def _make_topology(self, devices: Sequence[Device]) -> tuple[Topology, str]:
-        topo = self._topology_arg
-        if topo is None:
-            names = list(dict.fromkeys(["host", *(d.memory_domain for d in devices)]))
-            doms = [MemoryDomain("host", MemoryKind.HOST)] + [MemoryDomain(n, MemoryKind.DEVICE) for n in names[1:]]
-            return Topology(doms, shared=[names]), "host"
-        known = {d.name for d in topo.domains}
-        for dev in devices:
-            if dev.memory_domain not in known:
-                raise TransferError(f"device {dev.name!r} writes memory domain {dev.memory_domain!r}, which the "
-                                    f"topology lacks (it has {sorted(known)})")
-        if "host" in known:
-            return topo, "host"
-        host = next((d.name for d in topo.domains if d.kind is MemoryKind.HOST), None)
-        if host is None:
-            raise TransferError(f"the topology has no host memory domain for feeds and outputs: {topo!r}")
-        return topo, host
-
-    def _load(self) -> GraphIndex:
-        model = load_model(self._source)
-        index = GraphIndex(model)
-        for init in model.graph.initializer:
-            if init.name in index.graph_outputs:
-                self._constants[init.name] = numpy_helper.to_array(init)
-        return index
+        labels = [lbl for e in leaks for lbl in e.labels]
+        stages = sorted({lbl.split(":", 1)[0] for lbl in labels if lbl is not None})
+        return BufferLeakError(f"session closed with buffers still referenced, produced by stage(s) {stages}: "
+                               + "; ".join(str(e) for e in leaks), labels=labels, stages=stages)
 
     def _start_workers(self) -> None:
         assert self._plan is not None and self._scheduler is not None
@@ -477,45 +317,17 @@ class Session:
 
     async def _replan(self, *, use_costs: bool = False) -> None:
         index = self._index
-        assert index is not None
-        plan = build_plan(index, self._devices, self._policy, max_unit_nodes=self._max_unit_nodes,
+        assert index is not None and self._scheduler is not None and self._topology is not None
+        plan = build_plan(index, self._devices, get_policy(self._policy), max_unit_nodes=self._max_unit_nodes,
                           device_states=self._device_states, costs=self.costs if use_costs else None)
-        stages = await anyio.to_thread.run_sync(self._compile, index, plan)
+        stages = await anyio.to_thread.run_sync(compile_stages, index, plan)
         old = self._stages
         self._plan, self._stages = plan, stages
         for st in old:
             st.compiled.close()
-        self._output_source = self._output_sources(plan)
-        assert self._scheduler is not None
-        self._scheduler.set_stages(stages, self._output_source)
-
-    def _compile(self, index: GraphIndex, plan: Plan) -> list[StageRuntime]:
-        by_name = {d.name: d for d in plan.devices}
-        node_costs = analytic_node_costs(index)
-        out: list[StageRuntime] = []
-        try:
-            for spec in plan.stages:
-                dev = by_name[spec.device]
-                model = extract_stage(index, spec)
-                compiled = get_backend(dev.backend).compile(model, dev, name=spec.name)
-                flops = sum(node_costs[n].flops for n in spec.nodes)
-                nbytes = sum(node_costs[n].bytes for n in spec.nodes)
-                est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
-                out.append(StageRuntime(spec, compiled, unit_key(index, spec.nodes), est, dev.memory_domain))
-        except BaseException:
-            for st in out:
-                st.compiled.close()
-            raise
-        return out
-
-    def _output_sources(self, plan: Plan) -> dict[str, int | None]:
-        src: dict[str, int | None] = {}
-        for s in plan.stages:
-            for o in s.outputs:
-                src[o] = s.id
-        for o in plan.graph_outputs:
-            src.setdefault(o, None)  # a graph input or an initializer passed through
-        return src
+        source = output_sources(plan)
+        self._scheduler.set_stages(stages, source)
+        self._core.set_stages(stages, source, self._topology, self._host)
 
     # -- public API -------------------------------------------------------------------
 
@@ -559,18 +371,18 @@ class Session:
     def statistics(self) -> SessionStatistics:
         """A snapshot of requests, stage runs, the pools and the transfer engine."""
         sch = self._scheduler
-        workers = sch.workers if sch is not None else {}
+        core = self._core
         return SessionStatistics(
-            requests_started=self._stats["started"],
-            requests_completed=self._stats["completed"],
-            requests_failed=self._stats["failed"],
-            requests_cancelled=self._stats["cancelled"],
-            in_flight=self._in_flight + sum(st._in_flight for st in self._streams),
+            requests_started=core.started,
+            requests_completed=core.completed,
+            requests_failed=core.failed,
+            requests_cancelled=core.cancelled,
+            in_flight=core.in_flight,
             stage_runs=self._retired_runs + (sum(w.runs for w in sch.unique_workers()) if sch is not None else 0),
             stages=len(self._stages),
-            devices=len(workers),
-            max_in_flight=self._max_in_flight,
-            peak_in_flight=self._peak_in_flight,
+            devices=len(sch.workers) if sch is not None else 0,
+            max_in_flight=core.max_in_flight,
+            peak_in_flight=core.peak_in_flight,
             queued_stages=sch.queued() if sch is not None else 0,
             stage_runs_bound=sch.stage_runs_bound if sch is not None else 0,
             stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
@@ -578,20 +390,40 @@ class Session:
             wakeups_coalesced=sch.wakeups_coalesced if sch is not None else 0,
             unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in self._stages
                                              if not st.bound}),
-            bytes_copied_to_caller=sch.bytes_to_caller if sch is not None else 0,
+            bytes_copied_to_caller=core.bytes_copied + (sch.bytes_to_caller if sch is not None else 0),
             bytes_staged=sch.bytes_staged if sch is not None else 0,
             pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
             transfers=self._engine.statistics() if self._engine is not None else None,
         )
 
+    @overload
+    async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
+                  priority: Priority | int = ..., zero_copy: Literal[False] = False) -> dict[str, np.ndarray]: ...
+
+    @overload
+    async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
+                  priority: Priority | int = ..., zero_copy: Literal[True]) -> Outputs: ...
+
+    @overload
+    async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
+                  priority: Priority | int = ..., zero_copy: Literal[False] = False) -> list[np.ndarray]: ...
+
+    @overload
+    async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
+                  priority: Priority | int = ..., zero_copy: Literal[True]) -> Outputs: ...
+
+    @overload
+    async def run(self, *args: Any, priority: Priority | int = ..., zero_copy: bool = ...,
+                  **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs: ...
+
     async def run(self, *args: Any, priority: Priority | int = Priority.NORMAL, zero_copy: bool = False,
-                  **kwargs: Any) -> Any:
+                  **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs:
         """Run one request.
 
-        ``await s.run(feeds)`` returns ``{output name: array}``;
-        ``await s.run(output_names, input_feed)`` (onnxruntime's form; ``None`` = all
-        outputs) returns a list in ``output_names`` order. The arrays are the caller's:
-        each pool-backed output was copied exactly once out of the pool.
+        ``await s.run(feeds)`` returns ``{output name: array}`` (``output_names=`` picks
+        some, in that order); ``await s.run(output_names, input_feed)`` (onnxruntime's form;
+        ``None`` = all outputs) returns a list in ``output_names`` order. The arrays are the
+        caller's: each pool-backed output was copied exactly once out of the pool.
 
         With ``zero_copy=True`` either form returns :class:`Outputs` (in the requested
         order): read-only views of the pool memory the stages wrote, valid until
@@ -605,10 +437,11 @@ class Session:
         :raises TransferError: moving a tensor between memory domains failed.
         :raises RuntimeStateError: the session is not open.
         :raises ValueError: ``priority`` is not a :class:`Priority`.
+        :raises TypeError: neither calling form.
         """
         if len(args) == 1 and not kwargs:  # the common form, parsed without the generic path
             feeds, output_names, ort_form = args[0], None, False
-        elif _is_ort_form(args, kwargs):
+        elif len(args) == 2 or "input_feed" in kwargs:
             output_names = kwargs.pop("output_names", args[0] if args else None)
             feeds = kwargs.pop("input_feed", args[1] if len(args) > 1 else None)
             ort_form = True
@@ -620,26 +453,16 @@ class Session:
             ort_form = False
         if kwargs:
             raise TypeError(f"run() got unexpected keyword arguments {sorted(kwargs)}")
-        if not self._open or self._limiter is None:
-            raise RuntimeStateError("Session is not open: use 'async with Session(...)' before run()")
-        feeds = self._check_feeds(feeds)
-        if output_names is None:
-            wanted: Sequence[str] = self._all_outputs
-        else:
-            wanted = list(output_names)
-            source = self._output_source
-            for name in wanted:
-                if name not in source:
-                    raise InputError(f"unknown output name {name!r}; the model's outputs are "
-                                     f"{self._require_index().graph_outputs}")
-        prio = int(priority if priority in _PRIORITIES else Priority(priority))
-        limiter = self._limiter
-        if not limiter.try_acquire():
-            await limiter.acquire()
+        core = self._core
+        core.require_open("run()")
+        checked = core.check_feeds(feeds)
+        wanted = core.wanted(output_names)
+        prio = priority_value(priority)
+        await core.acquire()
         try:
-            result = await self._execute(feeds, wanted, prio, zero_copy)
+            result = await core.execute(checked, wanted, prio, zero_copy)
         finally:
-            limiter.release()
+            core.release()
         if ort_form and not zero_copy:
             return [result[n] for n in wanted]
         return result
@@ -672,302 +495,27 @@ class Session:
             an invalid item (in its place, while iterating).
         :raises ValueError: ``priority`` is not a :class:`Priority`, ``window`` is not positive.
         """
-        prio = int(priority if priority in _PRIORITIES else Priority(priority))
-        return ResultStream(self, source, priority=prio, window=window, zero_copy=zero_copy,
-                            output_names=output_names)
-
-    def _feed_specs_for(self, index: GraphIndex) -> dict[str, tuple[np.dtype[Any] | None, tuple[int | None, ...] | None,
-                                                                   list[Any]] | None]:
-        """Per graph input: (dtype, fixed dims (None = any), shape as displayed), None for non-tensors."""
-        specs: dict[str, Any] = {}
-        for name in index.graph_inputs:
-            t = index.value_info[name].type
-            if t.WhichOneof("value") != "tensor_type":
-                specs[name] = None
-                continue
-            expected = _np_dtype(t.tensor_type.elem_type)
-            dims: tuple[int | None, ...] | None = None
-            shown: list[Any] = []
-            if t.tensor_type.HasField("shape"):
-                ds = t.tensor_type.shape.dim
-                dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in ds)
-                shown = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in ds]
-            specs[name] = (expected, dims, shown)
-        return specs
-
-    def _check_feeds(self, feeds: Any) -> dict[str, Any]:
-        index = self._require_index()
-        if not isinstance(feeds, Mapping):
-            raise InputError(f"feeds must be a mapping of input name to array, got {type(feeds).__name__}")
-        specs = self._feed_specs
-        if len(feeds) < len(self._required) or any(k not in specs for k in feeds):
-            unknown = [k for k in feeds if k not in specs]
-            if unknown:
-                raise InputError(f"unknown input name(s) {unknown}; the model's inputs are {index.required_inputs}")
-        missing = [n for n in self._required if n not in feeds]
-        if missing:
-            raise InputError(f"missing input(s) {missing}; the model's inputs are {index.required_inputs}")
-        out: dict[str, Any] = {}
-        for name, value in feeds.items():
-            spec = specs[name]
-            if spec is None:
-                out[name] = value  # sequences, maps, optionals: passed through as onnxruntime does
-                continue
-            arr = value if type(value) is np.ndarray else np.asarray(value)
-            expected, dims, shown = spec
-            if expected is not None and arr.dtype != expected and not (
-                expected.kind in "OSU" and arr.dtype.kind in "OSU"
-            ):
-                raise InputError(f"input {name!r}: expected dtype {expected}, got {arr.dtype}")
-            if dims is not None:
-                shape = arr.shape
-                if len(dims) != len(shape):
-                    raise InputError(f"input {name!r}: expected shape {shown} (rank {len(dims)}), "
-                                     f"got {list(shape)} (rank {arr.ndim})")
-                for axis, (d, n) in enumerate(zip(dims, shape)):
-                    if d is not None and d != n:
-                        raise InputError(f"input {name!r}: expected shape {shown}, got {list(shape)} "
-                                         f"(axis {axis}: {d} != {n})")
-            out[name] = arr
-        return out
-
-    def _emit(self, event: Event, **fields: Any) -> None:
-        listeners = self._dispatch.listeners[event]
-        if listeners:
-            info = EventInfo(event, time.perf_counter(), **fields)
-            for fn in listeners:
-                fn(info)
-
-    async def _execute(self, feeds: dict[str, Any], wanted: Sequence[str], priority: int,
-                       zero_copy: bool) -> Any:
-        rid = next(self._ids)
-        stats = self._stats
-        stats["started"] += 1
-        self._in_flight += 1
-        if self._in_flight > self._peak_in_flight:
-            self._peak_in_flight = self._in_flight
-        if self._dispatch.listeners[Event.REQUEST_START]:
-            self._emit(Event.REQUEST_START, request_id=rid, priority=Priority(priority))
-        error: BaseException | None = None
-        sch = self._scheduler
-        assert sch is not None
-        try:
-            req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy)
-            await sch.execute(req)
-            result = self._deliver(sch, sch.take_outputs(req), zero_copy)
-            stats["completed"] += 1
-            return result
-        except anyio.get_cancelled_exc_class() as exc:
-            stats["cancelled"] += 1
-            error = exc
-            raise
-        except BaseException as exc:
-            stats["failed"] += 1
-            error = exc
-            raise
-        finally:
-            self._in_flight -= 1
-            if self._dispatch.listeners[Event.REQUEST_END]:
-                self._emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error)
-
-    def _deliver(self, sch: Scheduler, pairs: list[tuple[str, Any]], zero_copy: bool) -> Any:
-        """Hand the wanted values over: one copy out of the pool each, or zero-copy views."""
-        missing = [n for n, obj in pairs if obj is _MISSING and n not in self._constants]
-        if missing:
-            for _, obj in pairs:
-                if type(obj) is TensorBuffer:
-                    obj.release()
-            raise InputError(f"output {missing[0]!r} is an optional input that was not fed")
-        out: dict[str, Any] = {}
-        if zero_copy:
-            bufs: list[TensorBuffer] = []
-            for name, obj in pairs:
-                if type(obj) is TensorBuffer:
-                    view = obj.array().view()
-                    view.flags.writeable = False
-                    out[name] = view
-                    bufs.append(obj)
-                else:
-                    out[name] = self._constants[name] if obj is _MISSING else obj
-            return Outputs(out, bufs)
-        copied = 0
-        for name, obj in pairs:
-            if type(obj) is TensorBuffer:
-                arr = obj.array().copy()  # the one documented copy; the buffer goes back to the pool
-                obj.release()
-                copied += arr.nbytes
-                out[name] = arr
-            else:
-                out[name] = self._constants[name] if obj is _MISSING else obj
-        if copied:
-            with sch._lock:
-                sch.bytes_to_caller += copied
-        return out
+        return ResultStream(self._core, source, priority=priority_value(priority), window=window,
+                            zero_copy=zero_copy, output_names=output_names)
 
     async def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3) -> CostTable:
         """Measure every unit on every capable device, then re-plan with the measurements.
 
         Units run one at a time in topological order on each device (with ``feeds`` or
         random inputs of the right types); the median of ``repeats`` runs goes into
-        :attr:`costs` under the unit's key. Returns the cost table.
+        :attr:`costs` under the unit's key (see ``hetsched/_profiling.py``). Returns the cost table.
+
+        :raises RuntimeStateError: the session is not open.
+        :raises InputError: invalid ``feeds``, or none given and an input is not a tensor.
         """
-        if not self._open:
+        core = self._core
+        if not core.is_open:
             raise RuntimeStateError("Session.profile() needs an open session")
         index = self._require_index()
         plan = self.plan
-        feeds = self._check_feeds(feeds) if feeds is not None else _random_feeds(index)
-        await anyio.to_thread.run_sync(self._profile_units, index, plan, feeds, repeats)
+        checked = core.check_feeds(feeds) if feeds is not None else random_feeds(index)
+        await anyio.to_thread.run_sync(profile_units, index, plan, checked, repeats, self.costs)
         await self._stop_workers()
         await self._replan(use_costs=True)
         self._start_workers()
         return self.costs
-
-    def _profile_units(self, index: GraphIndex, plan: Plan, feeds: dict[str, Any], repeats: int) -> None:
-        from ._planning.partition import merge_stages  # local: profiling only
-
-        by_name = {d.name: d for d in plan.devices}
-        node_of_name = {n.name: n.index for n in index.nodes}
-        drafts_nodes = [tuple(node_of_name[n] for n in u.nodes) for u in plan.units]
-        for dev_name in by_name:
-            dev = by_name[dev_name]
-            if any(dev_name not in u.candidates for u in plan.units):
-                continue
-            from ._planning.partition import UnitDraft
-
-            drafts = [UnitDraft(u.id, drafts_nodes[u.id], 1) for u in plan.units]
-            # One stage per unit: give each unit a distinct pseudo-device so nothing merges.
-            assignment = {u.id: f"u{u.id}" for u in plan.units}
-            specs = merge_stages(index, drafts, assignment, [u.preds for u in plan.units],
-                                 [u.succs for u in plan.units])
-            values = dict(feeds)
-            prev = pin_current_thread(dev.cpus)
-            try:
-                for spec in specs:
-                    compiled = get_backend(dev.backend).compile(extract_stage(index, spec), dev, name=spec.name)
-                    try:
-                        stage_feeds = {n: values[n] for n in spec.inputs if n in values}
-                        times = []
-                        out: list[Any] = []
-                        for _ in range(max(1, repeats)):
-                            t0 = time.perf_counter()
-                            out = compiled.run(stage_feeds)
-                            times.append(time.perf_counter() - t0)
-                        for name, v in zip(compiled.output_names, out):
-                            values[name] = v
-                        times.sort()
-                        uid = spec.units[0]
-                        self.costs.update(unit_key(index, drafts_nodes[uid]), dev_name, times[len(times) // 2])
-                    finally:
-                        compiled.close()
-            except BackendError:
-                continue
-            finally:
-                if prev is not None:
-                    os.sched_setaffinity(0, prev)
-
-
-def _random_feeds(index: GraphIndex) -> dict[str, Any]:
-    rng = np.random.default_rng(0)
-    out: dict[str, Any] = {}
-    for name in index.required_inputs:
-        t = index.value_info[name].type
-        if t.WhichOneof("value") != "tensor_type":
-            raise InputError(f"input {name!r} is not a tensor: pass feeds to profile()")
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.tensor_type.shape.dim]
-        dt = _np_dtype(t.tensor_type.elem_type) or np.dtype(np.float32)
-        if dt.kind == "f":
-            out[name] = rng.standard_normal(dims).astype(dt)
-        elif dt.kind == "b":
-            out[name] = rng.integers(0, 2, dims).astype(dt)
-        else:
-            out[name] = rng.integers(0, 4, dims).astype(dt)
-    return out
-
-
-class SyncSession:
-    """A blocking facade over :class:`Session` for non-async applications.
-
-    ::
-
-        with hetsched.SyncSession("model.onnx", devices=["cpu:0", "cpu:1"]) as s:
-            outputs = s.run({"x": x})
-
-    An event loop runs in a helper thread owned by the ``with`` block.
-    """
-
-    def __init__(self, model: ModelSource, *, backend: str = "asyncio", **kwargs: Any):
-        self._session = Session(model, **kwargs)
-        self._backend = backend
-        self._portal_cm: Any = None
-        self._portal: Any = None
-        self._ctx: Any = None
-
-    def __enter__(self) -> SyncSession:
-        self._portal_cm = anyio.from_thread.start_blocking_portal(self._backend)
-        self._portal = self._portal_cm.__enter__()
-        try:
-            self._ctx = self._portal.wrap_async_context_manager(self._session)
-            self._ctx.__enter__()
-        except BaseException:
-            self._portal_cm.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self._ctx.__exit__(*exc)
-        finally:
-            self._portal = None  # later calls raise RuntimeStateError, not the portal's RuntimeError
-            self._portal_cm.__exit__(None, None, None)
-
-    @property
-    def plan(self) -> Plan:
-        return self._session.plan
-
-    @property
-    def session(self) -> Session:
-        return self._session
-
-    def _require_portal(self) -> Any:
-        if self._portal is None:
-            raise RuntimeStateError("SyncSession is not open: use 'with SyncSession(...)'")
-        return self._portal
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`Session.run`, blocking (``priority=`` and ``zero_copy=`` as there)."""
-        return self._require_portal().call(lambda: self._session.run(*args, **kwargs))
-
-    def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3) -> CostTable:
-        """:meth:`Session.profile`, blocking.
-
-        :raises RuntimeStateError: the SyncSession is not open.
-        """
-        return self._require_portal().call(lambda: self._session.profile(feeds, repeats=repeats))
-
-    @contextlib.contextmanager
-    def map(self, source: Iterable[Mapping[str, Any]], **kwargs: Any) -> Iterator[Iterator[Any]]:
-        """:meth:`Session.map`, blocking (same keywords)::
-
-            with s.map(frames) as results:
-                for out in results:
-                    use(out)
-
-        ``source`` is iterated on the session's event-loop thread.
-
-        :raises RuntimeStateError: the SyncSession is not open.
-        """
-        portal = self._require_portal()
-        stream = self._session.map(source, **kwargs)
-
-        def results() -> Iterator[Any]:
-            while True:
-                try:
-                    yield portal.call(stream.__anext__)
-                except StopAsyncIteration:
-                    return
-
-        with portal.wrap_async_context_manager(stream):
-            yield results()
-
-    def statistics(self) -> SessionStatistics:
-        return self._session.statistics()

@@ -29,8 +29,12 @@ twice per request, and a result waits at most until that batch is complete. ``ru
 remains the call for latency: a single request never waits for others. Results not yet
 taken are bounded by a second ``window`` (backpressure on a slow consumer) rather than
 sharing the first: ready results would otherwise take the places of running requests and
-leave the workers short of queued work (measured: ~40 vs ~57 us of event-loop CPU per
-request, ``benchmarks/throughput.py``).
+leave the workers short of queued work, and the loop would wake more often per request
+(``benchmarks/throughput.py`` measures it).
+
+Everything a stream does to the session goes through the session core (``hetsched/_core.py``:
+admission slots, feed checks, request submission, delivery, counters); the scheduler tells
+the stream of each finished request through :meth:`ResultStream.request_finished`.
 
 Requests with cross-domain transfers (their transfers are driven by the event loop) and
 sessions with ``REQUEST_START``/``REQUEST_END`` hooks (which run on the loop, e.g. the
@@ -41,22 +45,18 @@ at once, with the same ordering, bounds and error rules.
 from __future__ import annotations
 
 import threading
-from time import monotonic
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 
+from ._core import SessionCore
 from ._errors import InputError, RuntimeStateError
-from ._events import Event
 from ._runtime._scheduler import Request
-
-if TYPE_CHECKING:
-    from ._session import Session
 
 __all__ = ["ResultStream", "StreamStatistics"]
 
@@ -116,13 +116,13 @@ class ResultStream(AsyncIterator[Any]):
     raised by the source itself is re-raised there. The stream ends after raising.
     """
 
-    def __init__(self, session: Session, source: Iterable[Any] | AsyncIterable[Any], *, priority: int,
+    def __init__(self, core: SessionCore, source: Iterable[Any] | AsyncIterable[Any], *, priority: int,
                  window: int | None, zero_copy: bool, output_names: Sequence[str] | None):
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         if not isinstance(source, (Iterable, AsyncIterable)) or isinstance(source, (dict, str, bytes)):
             raise InputError(f"map() takes an iterable or async iterable of feeds, got {type(source).__name__}")
-        self._session = session
+        self._core = core
         self._source = source
         self._priority = priority
         self._window_arg = window
@@ -155,29 +155,22 @@ class ResultStream(AsyncIterator[Any]):
         self._failed = 0
         self._loop_wakeups = 0
         self._folded_admitted = 0
+        self._wanted: tuple[str, ...] = ()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def __aenter__(self) -> ResultStream:
         if self._entered:
             raise RuntimeStateError("a ResultStream can be entered once")
-        s = self._session
-        sch = s._scheduler
-        limiter = s._limiter
-        if not s._open or sch is None or limiter is None:
-            raise RuntimeStateError("Session is not open: use 'async with Session(...)' before map()")
-        wanted = s._all_outputs if self._output_names is None else self._output_names
-        for name in wanted:
-            if name not in s._output_source:
-                raise InputError(f"unknown output name {name!r}; the model's outputs are {list(s._all_outputs)}")
-        self._wanted = tuple(wanted)
-        self._sch = sch
-        threads = sum(w.concurrency for w in sch.unique_workers()) or 1
+        core = self._core
+        core.require_open("map()")
+        self._wanted = core.wanted(self._output_names)
+        threads = core.worker_threads()
         want = self._window_arg if self._window_arg is not None else max(2, 8 * threads)
-        want = min(want, s._max_in_flight)
-        await limiter.acquire()  # one slot waited for; more only if free now (two streams never deadlock)
+        want = min(want, core.max_in_flight)
+        await core.acquire()  # one slot waited for; more only if free now (two streams never deadlock)
         self._slots = 1
-        while self._slots < want and limiter.try_acquire():
+        while self._slots < want and core.try_acquire():
             self._slots += 1
         self._window = self._slots
         self._low = self._window // 2
@@ -186,19 +179,9 @@ class ResultStream(AsyncIterator[Any]):
         # the places of running requests and leave workers short of queued work
         self._cap = 2 * self._window
         self._batch = max(1, self._window // 2)
-        topo = s._topology
-        assert topo is not None
-        domains = {st.domain for st in s._stages} | {s._host}
-        self._fast = (
-            all(topo.shares_memory(a, b) for a in domains for b in domains)
-            and not s._dispatch.listeners[Event.REQUEST_START]
-            and not s._dispatch.listeners[Event.REQUEST_END]
-        )
-        self._key_offset = self._priority * sch._step
-        self._new_waiter = sch._new_waiter
-        self._call_soon = sch._call_soon
+        self._fast = core.workers_admit()
         self._entered = True
-        s._streams.add(self)
+        core.register(self)
         try:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
@@ -224,14 +207,11 @@ class ResultStream(AsyncIterator[Any]):
             self._release()
 
     def _release(self) -> None:
-        s = self._session
         self._fold()
-        s._streams.discard(self)
-        limiter = s._limiter
+        core = self._core
+        core.unregister(self)
         slots, self._slots = self._slots, 0
-        if limiter is not None:
-            for _ in range(slots):
-                limiter.release()
+        core.release(slots)
 
     def _close(self) -> None:
         """Stop admitting; close every request not yet delivered (buffers back to the pools)."""
@@ -253,20 +233,16 @@ class ResultStream(AsyncIterator[Any]):
                 result = item.result
                 if result is not None and hasattr(result, "release"):
                     result.release()
-        # admitted, never handed over (the general path's runs count themselves)
-        self._session._stats["cancelled"] += dropped
+        if dropped:
+            # admitted, never handed over (the general path's runs count themselves)
+            self._core.fold(cancelled=dropped)
 
-    def _fold(self) -> None:
-        """Account this stream's admissions to the session's counters (event loop)."""
-        s = self._session
+    def _fold(self, *, completed: int = 0, failed: int = 0) -> None:
+        """Account this stream's admissions (and a result just handed over) to the core (event loop)."""
         with self._lock:
             n = self._admitted - self._folded_admitted
             self._folded_admitted = self._admitted
-        if n:
-            s._stats["started"] += n
-        total = s._in_flight + sum(st._in_flight for st in s._streams)
-        if total > s._peak_in_flight:
-            s._peak_in_flight = total
+        self._core.fold(started=n, completed=completed, failed=failed)
 
     # -- the source side (event loop) -------------------------------------------------------
 
@@ -290,9 +266,9 @@ class ResultStream(AsyncIterator[Any]):
 
     async def _put(self, item: Any) -> bool:
         """Validate ``item`` and queue it; False once the stream is closing."""
-        s = self._session
+        core = self._core
         try:
-            feeds = s._check_feeds(item)
+            feeds = core.check_feeds(item)
         except InputError as exc:
             raise InputError(f"map() item {self._taken}: {exc}") from None
         self._taken += 1
@@ -301,10 +277,7 @@ class ResultStream(AsyncIterator[Any]):
             # the fast path's requests are built here, on the loop (warm, a batch at a time), so
             # a worker admitting one only stamps its admission time: after a long stage its
             # caches are cold and every object it touches costs
-            prog = self._sch.program(self._wanted, tuple(feeds))
-            entry = self._sch.new_request(next(s._ids), self._priority, prog, feeds,
-                                          copy_out=not self._zero_copy, waiter=None)
-            entry.stream = self
+            entry = core.new_request(feeds, self._wanted, self._priority, self._zero_copy, self)
         while True:
             with self._lock:
                 if self._closing:
@@ -312,13 +285,13 @@ class ResultStream(AsyncIterator[Any]):
                 if len(self._pending) < self._window:
                     self._pending.append(entry)
                     break
-                self._feeder_waiter = waiter = self._new_waiter()
-            await self._wait(waiter)
+                self._feeder_waiter = waiter = core.new_waiter()
+            await core.wait_on(waiter)
         if self._fast:
             with self._lock:
                 admitted = self._admit_locked()
             for req in admitted:
-                self._sch.push_initial(req)
+                core.push(req)
         else:
             while True:
                 with self._lock:
@@ -331,8 +304,8 @@ class ResultStream(AsyncIterator[Any]):
                         self._in_flight += 1
                         self._admitted += 1
                         break
-                    self._feeder_waiter = waiter = self._new_waiter()
-                await self._wait(waiter)
+                    self._feeder_waiter = waiter = core.new_waiter()
+                await core.wait_on(waiter)
             assert self._tg is not None
             self._tg.start_soon(self._run_job, job, feeds)
         return True
@@ -341,10 +314,11 @@ class ResultStream(AsyncIterator[Any]):
         """Admit pending inputs while fewer than ``window`` run (under the stream's lock)."""
         out: list[Request] = []
         pending = self._pending
+        key = self._core.admission_key
         while (pending and self._in_flight < self._window and len(self._order) < self._cap and not self._closing
                and not self._failed):
             req = pending.popleft()
-            req.key = monotonic() + self._key_offset  # admitted now: FIFO and aging count from here
+            req.key = key(self._priority)  # admitted now: FIFO and aging count from here
             self._order.append(req)
             self._in_flight += 1
             self._admitted += 1
@@ -353,7 +327,7 @@ class ResultStream(AsyncIterator[Any]):
 
     async def _run_job(self, job: _Job, feeds: dict[str, Any]) -> None:
         try:
-            job.result = await self._session._execute(feeds, self._wanted, self._priority, self._zero_copy)
+            job.result = await self._core.execute(feeds, self._wanted, self._priority, self._zero_copy)
         except Exception as exc:
             job.error = exc
         job.done = True
@@ -367,8 +341,15 @@ class ResultStream(AsyncIterator[Any]):
 
     # -- the worker side ---------------------------------------------------------------------
 
-    def _finished(self, req: Request) -> None:
-        """``req`` finished or failed (a worker thread, or the loop on abort)."""
+    @property
+    def in_flight(self) -> int:
+        """Requests of this stream started and not yet finished."""
+        return self._in_flight
+
+    def request_finished(self, req: Request) -> None:
+        """``req`` finished or failed (a worker thread, or the loop on abort): the scheduler's
+        ``CompletionSink`` call (``hetsched/_runtime/_scheduler.py``). Admits the next requests;
+        never blocks."""
         with self._lock:
             self._in_flight -= 1
             if req.error is not None:
@@ -378,12 +359,12 @@ class ResultStream(AsyncIterator[Any]):
             wake = self._needs_loop_locked()
             if wake:
                 self._posted = True
-        sch = self._sch
+        core = self._core
         for nxt in admitted:
-            sch.push_initial(nxt)
+            core.push(nxt)
         if wake:
             try:
-                self._call_soon(self._on_wake)
+                core.call_soon_threadsafe(self._on_wake)
             except RuntimeError:
                 pass  # the event loop is gone (interpreter shutdown); nobody waits
 
@@ -425,10 +406,7 @@ class ResultStream(AsyncIterator[Any]):
                 self._consumer_waiter = None
         for w in waiters:
             if w is not None:
-                self._sch.set_waiter(w)
-
-    async def _wait(self, waiter: Any) -> None:
-        await self._sch.wait_on(waiter)
+                self._core.set_waiter(w)
 
     # -- the consumer side -------------------------------------------------------------------
 
@@ -448,6 +426,7 @@ class ResultStream(AsyncIterator[Any]):
             if self._ended:
                 raise StopAsyncIteration
             raise RuntimeStateError("iterate a ResultStream inside 'async with session.map(...) as results'")
+        core = self._core
         while True:
             admitted: list[Request] | None = None
             with self._lock:
@@ -471,29 +450,26 @@ class ResultStream(AsyncIterator[Any]):
                         raise error
                     raise StopAsyncIteration
                 if not admitted:
-                    self._consumer_waiter = waiter = self._new_waiter()
+                    self._consumer_waiter = waiter = core.new_waiter()
             if admitted:
                 for req in admitted:
-                    self._sch.push_initial(req)
+                    core.push(req)
                 continue
-            await self._wait(waiter)
+            await core.wait_on(waiter)
         if admitted:
             for req in admitted:
-                self._sch.push_initial(req)
+                core.push(req)
         if not self._fast:
             self._wake_here(feeder=True)  # a place in the window is free
-        self._fold()
-        s = self._session
+        fast = type(head) is Request  # a general-path job was counted by the run that ran it
         if head.error is not None:
-            if type(head) is Request:  # a general-path job was counted by the run that failed
-                s._stats["failed"] += 1
+            self._fold(failed=int(fast))
             self._close()
             raise head.error
         self._delivered += 1
-        if type(head) is Request:
-            s._stats["completed"] += 1
-            sch = self._sch
-            return s._deliver(sch, sch.take_outputs(head), self._zero_copy)
+        self._fold(completed=int(fast))
+        if fast:
+            return core.deliver(head, self._zero_copy)
         return head.result
 
     def statistics(self) -> StreamStatistics:

@@ -1,8 +1,12 @@
 """Low-level pieces of the runtime, for code that manages memory and copies itself.
 
 Most applications never need these: :class:`hetsched.Session` owns its pools, buffers and
-transfer engine. They are public for backends, benchmarks and tests that work below a session
-(as ``trio.lowlevel`` and ``anyio.lowlevel`` are)::
+transfer engine, plans its model and tunes its governor. They are public for backends,
+benchmarks and tests that work below a session (as ``trio.lowlevel`` and ``anyio.lowlevel``
+are): memory and copies (``BufferPool`` ... ``rate_limited_copy``), the planning primitives a
+session is built from (``GraphIndex``, ``build_plan``, ``extract_stage``) and the governor's
+coordinate-descent tuner (``AxisTuner``), and the SoC power model a :class:`hetsched.Telemetry`
+needs on a board without power sensors (``for_platform``)::
 
     from hetsched.lowlevel import BufferPool, MemoryDomain, MemoryKind
 
@@ -13,6 +17,12 @@ transfer engine. They are public for backends, benchmarks and tests that work be
 The classes show as ``hetsched.lowlevel.X`` in reprs and docs.
 """
 
+from ._estimators import for_platform as for_platform
+from ._governor import AxisTuner as AxisTuner
+from ._planning.graph import GraphIndex as GraphIndex
+from ._planning.partition import extract_stage as extract_stage
+from ._planning.plan import build_plan as build_plan
+from ._platform.affinity import pin_current_thread as pin_current_thread
 from ._runtime import BufferPool as BufferPool
 from ._runtime import BufferState as BufferState
 from ._runtime import ChannelStatistics as ChannelStatistics
@@ -28,9 +38,11 @@ from ._runtime import TransferStatistics as TransferStatistics
 from ._runtime import rate_limited_copy as rate_limited_copy
 
 __all__ = (
+    "AxisTuner",
     "BufferPool",
     "BufferState",
     "ChannelStatistics",
+    "GraphIndex",
     "LeakedBuffer",
     "MemoryDomain",
     "MemoryKind",
@@ -40,6 +52,10 @@ __all__ = (
     "Topology",
     "TransferEngine",
     "TransferStatistics",
+    "build_plan",
+    "extract_stage",
+    "for_platform",
+    "pin_current_thread",
     "rate_limited_copy",
 )
 

@@ -28,7 +28,7 @@ from hetsched.policies import PlacementPolicy
 
 from ._planning.graph import GraphIndex
 from ._planning.model import load_model
-from ._session import SyncSession
+from ._sync import SyncSession
 
 __all__ = ["HetschedBackend", "HetschedBackendRep", "backend_for", "prepare", "run_model", "run_node",
            "supports_device"]
@@ -43,7 +43,7 @@ class HetschedBackendRep(_OnnxBackendRep):
         self._inputs = GraphIndex(model).required_inputs
         self._outputs = [o.name for o in model.graph.output]
 
-    def run(self, inputs: Any, **kwargs: Any) -> list[Any]:
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)
         elif isinstance(inputs, (list, tuple)):
@@ -52,11 +52,11 @@ class HetschedBackendRep(_OnnxBackendRep):
                 names = [i.name for i in self.model.graph.input]
             else:
                 names = list(self._inputs)
-            feeds = dict(zip(names, inputs))
+            feeds = dict(zip(names, inputs, strict=False))  # old IRs list initializers as inputs too
         else:
             feeds = {self._inputs[0]: inputs}
         with SyncSession(self.model, **self.options) as session:
-            return list(session.run(None, feeds))
+            return tuple(session.run(None, feeds))
 
 
 class HetschedBackend(_OnnxBackend):
@@ -78,16 +78,16 @@ class HetschedBackend(_OnnxBackend):
         return HetschedBackendRep(loaded, cls.options)
 
     @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> list[Any]:
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
-                 outputs_info: Sequence[tuple[Any, Any]] | None = None, **kwargs: Any) -> list[Any]:
+                 outputs_info: Sequence[tuple[Any, Any]] | None = None, **kwargs: Any) -> tuple[Any, ...]:
         arrays = [np.asarray(x) for x in inputs]
         graph_inputs = [
             onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-            for name, a in zip(node.input, arrays)
+            for name, a in zip(node.input, arrays, strict=False)  # trailing optional inputs may be omitted
         ]
         graph_outputs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output]
         graph = onnx.helper.make_graph([node], "run_node", graph_inputs, graph_outputs)

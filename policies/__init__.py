@@ -86,11 +86,11 @@ def get_policy(spec: str | PlacementPolicy | Callable[[PlacementProblem], Any] |
                 policy = obj() if isinstance(obj, type) else obj
                 if not hasattr(policy, "place"):
                     policy = _CallablePolicy(policy)
-                return policy  # type: ignore[no-any-return]
+                return policy
         known = sorted({*_BUILTIN, "pinned:DEVICE", *(ep.name for ep in entry_points(group="hetsched.policies"))})
         raise PlacementError(f"unknown policy {spec!r}; known: {known}")
     if hasattr(spec, "place"):
-        return spec  # type: ignore[return-value]
+        return spec
     if callable(spec):
         return _CallablePolicy(spec)
     raise PlacementError(f"policy must be a name, an object with place(), or a function; got {type(spec).__name__}")

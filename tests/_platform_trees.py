@@ -1,4 +1,11 @@
-"""Small sysfs trees for the platform tests, written from recorded strings of soc-sysfs.md.
+"""Small sysfs trees for the platform tests, in the layouts the kernel's sysfs ABI documents.
+
+Layouts: https://www.kernel.org/doc/Documentation/ABI/testing/sysfs-devices-system-cpu
+(cpufreq), .../ABI/testing/sysfs-class-devfreq, .../ABI/testing/sysfs-class-thermal and, for
+the Jetson-only files (INA3221, bpmp EMC, ``/etc/nv_tegra_release``), the Jetson Linux
+Developer Guide (https://docs.nvidia.com/jetson/archives/r36.4/DeveloperGuide/), whose
+platform power and performance pages the Orin clocks follow; the RK3588 clocks follow its
+OPP tables in Linux (arch/arm64/boot/dts/rockchip/rk3588*.dtsi).
 
 These are deliberately independent of hetsched.testing (the twin's full builders) so
 parsers and readers are checked against the reference, not against the twin.

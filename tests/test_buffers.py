@@ -24,7 +24,6 @@ from hetsched._runtime import (
 )
 
 
-
 @pytest.fixture
 def pool(tmp_path):
     # An empty fake root: no dma-heap, so the memfd path is what gets exercised.
@@ -192,7 +191,7 @@ def test_refcount_below_zero_and_use_after_release(pool: BufferPool) -> None:
     with pytest.raises(BufferStateError):
         b.activate()
     with pytest.raises(BufferStateError):
-        b.ptr
+        _ = b.ptr
     c = pool.acquire_nowait(8)
     with pytest.raises(BufferStateError, match="bad count"):
         c.retain(0)

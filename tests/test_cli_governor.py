@@ -18,6 +18,7 @@ import pytest
 
 from hetsched.testing import dvfs_knobs
 
+
 def _knobs(root: Path) -> dict[str, bytes]:
     return dvfs_knobs(root)
 

@@ -15,6 +15,7 @@ EXPECTED = {
     "custom_policy.py": "every stage avoided the hot core",
     "twin_board.py": "rails:",
     "governor_sim.py": "reloaded: 0 tuning runs",
+    "custom_board.py": "every clock restored (8 knobs as before)",
 }
 
 

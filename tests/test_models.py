@@ -11,9 +11,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
-from hetsched import Session
 from hetsched.policies import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+
+from hetsched import ModelNotFoundError, Session, load_model
+from hetsched._planning.model import embedded_model, embedded_model_names, model_path
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = ["squeezenet", "resnet50", "shufflenet", "inception_v1", "densenet121"]
@@ -50,7 +51,7 @@ async def _run(name: str, policy: object, max_unit_nodes: int | None) -> tuple[l
 def _check(name: str, got: list[np.ndarray]) -> None:
     _, expected, _ = _reference(name)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL)
 
@@ -96,3 +97,40 @@ def test_each_builtin_policy_matches_onnxruntime(model: str, label: str, make_po
     if label == "pinned":
         assert used == {"cpu:1"} and n_stages == 1
     _check(model, got)
+
+
+# -- embedded models by name ---------------------------------------------------------------------
+
+
+def test_embedded_names_are_the_light_models_in_the_wheel() -> None:
+    names = embedded_model_names()
+    assert {f"light_{m}" for m in MODELS} <= set(names)
+    assert names == tuple(sorted(p.stem for p in LIGHT.glob("light_*.onnx")))
+
+
+@pytest.mark.parametrize("name", ["light_squeezenet", "squeezenet"])
+def test_load_model_accepts_an_embedded_name(name: str) -> None:
+    got = load_model(name)
+    expected = load_model(_path("squeezenet"))
+    assert got.graph.SerializeToString() == expected.graph.SerializeToString()
+
+
+def test_a_file_wins_over_an_embedded_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    tiny = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "tiny", [x], [y]))
+    (tmp_path / "squeezenet").write_bytes(tiny.SerializeToString())
+    monkeypatch.chdir(tmp_path)
+    assert model_path("squeezenet") == Path("squeezenet")
+    assert load_model("squeezenet").graph.name == "tiny"
+
+
+def test_unknown_name_lists_the_embedded_models() -> None:
+    with pytest.raises(ModelNotFoundError, match="'nosuchnet' is neither a file nor an embedded model") as info:
+        load_model("nosuchnet")
+    assert all(n in str(info.value) for n in embedded_model_names())
+    with pytest.raises(ModelNotFoundError, match="nosuchnet"):
+        embedded_model("nosuchnet")
+    # something that looks like a path is a path: no embedded lookup
+    with pytest.raises(ModelNotFoundError, match="model file 'squeezenet.onnx' does not exist"):
+        load_model("squeezenet.onnx")

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from _platform_trees import orin_nx_tree, rk3588_tree, write_tree
+
 from hetsched._cli import main
 
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-
 from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
-from hetsched import PlatformError, RuntimeStateError
-from hetsched._snapshot import Snapshot
-from hetsched._platform import SysfsRoot, Telemetry
 
+from hetsched import PlatformError, RuntimeStateError
+from hetsched._estimators import for_platform
+from hetsched._platform import SysfsRoot, Telemetry, discover
+from hetsched._snapshot import Snapshot
 
 
 class FakeClock:
@@ -34,7 +35,7 @@ def test_rk3588_values_follow_the_tree(tmp_path: Path) -> None:
     root = write_tree(tmp_path, rk3588_tree())
     (root / "proc/stat").write_text(_stat([1000] * 8, [9000] * 8))
     clock = FakeClock()
-    tm = Telemetry(root, clock=clock, capacity=4)
+    tm = Telemetry(root, clock=clock, capacity=4, estimator=for_platform(discover(root)))
     s1 = tm.sample_once()
     assert s1.soc == "rk3588" and s1.cpu_utilisation == ()  # no delta yet
     assert set(s1.domains) == {"cluster0", "cluster4", "cluster6", "gpu", "npu", "memory"}
@@ -66,7 +67,7 @@ def test_rk3588_values_follow_the_tree(tmp_path: Path) -> None:
     assert s2.domains["npu"].utilisation == pytest.approx(0.6)
     assert s2.zones["soc-thermal"].temp_c == pytest.approx(81.25)
     assert s2.hottest_headroom_c() == pytest.approx(75.0 - 81.25)
-    # no sensor: the SoC model estimates every rail, and the rails say so
+    # no sensor: the SoC model passed in estimates every rail, and the rails say so
     assert s2.rails and all(r.source == "estimated" and r.power_w is not None for r in s2.rails.values())
     assert s2.rails["board"].power_w > s2.rails["vdd_cpu_big0"].power_w > 0
     assert tm.history() == (s1, s2) and tm.latest() is s2
@@ -153,6 +154,30 @@ def test_estimator_marks_rails_estimated(tmp_path: Path) -> None:
     assert s.rails["cluster4"].energy_j == pytest.approx(0.816)
     assert s.total_power_w == pytest.approx(3.0)
     assert tm.statistics().estimated_power
+
+
+def test_without_an_estimator_unmeasured_rails_read_none(tmp_path: Path) -> None:
+    root = write_tree(tmp_path, rk3588_tree())
+    clock = FakeClock()
+    tm = Telemetry(root, clock=clock)
+    tm.sample_once()
+    clock.t += 1.0
+    s = tm.sample_once()
+    assert set(s.rails) == {r.name for r in tm.platform.power_rails} and "board" in s.rails
+    assert all(r.source == "estimated" and r.power_w is None and r.energy_j is None for r in s.rails.values())
+    assert s.total_power_w is None and tm.energy_j() == {}
+
+
+def test_for_platform_gives_the_soc_model_only_where_no_sensor_measures(tmp_path: Path) -> None:
+    rk = discover(write_tree(tmp_path / "rk", rk3588_tree()))
+    estimator = for_platform(rk)
+    assert estimator is not None
+    tm = Telemetry(rk.root, platform=rk, clock=FakeClock(), estimator=estimator)
+    assert tm.sample_once().rails["vdd_cpu_big0"].power_w > 0  # type: ignore[operator]
+    assert for_platform(discover(write_tree(tmp_path / "orin", orin_nx_tree()))) is None  # INA3221 measures
+    assert for_platform(replace(rk, soc="pentium")) is None  # no model of that SoC: nothing made up
+    (tmp_path / "empty").mkdir()
+    assert for_platform(discover(tmp_path / "empty")) is None  # no SoC at all
 
 
 def test_bad_parameters(tmp_path: Path) -> None:

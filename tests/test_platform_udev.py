@@ -12,7 +12,6 @@ from hetsched import RuntimeStateError
 from hetsched._platform import UdevMonitor, enumerate_devices, udev_status
 
 
-
 def _no_libudev() -> Any:
     raise ImportError("libudev.so.1: cannot open shared object file")
 
@@ -73,7 +72,7 @@ async def test_monitor_receives_a_real_synthetic_uevent() -> None:
         if not mon.status.available:
             pytest.skip(f"no uevent socket here: {mon.status.reason}")
         try:
-            Path("/sys/devices/system/cpu/cpu0/uevent").write_text("change")
+            await anyio.Path("/sys/devices/system/cpu/cpu0/uevent").write_text("change")
         except OSError as exc:
             pytest.skip(f"cannot trigger a uevent here: {exc}")
         with anyio.fail_after(5):

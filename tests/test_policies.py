@@ -8,10 +8,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import pytest
-
 import hetsched.policies as policies_mod
-from hetsched import PlacementError
+import pytest
 from hetsched.policies import (
     HEFT,
     DeviceState,
@@ -25,6 +23,8 @@ from hetsched.policies import (
     get_policy,
     validate_placement,
 )
+
+from hetsched import PlacementError
 
 
 def _problem(
@@ -136,7 +136,7 @@ _TOPCUOGLU_C = {
 
 def _topcuoglu() -> PlacementProblem:
     procs = ("P1", "P2", "P3")
-    costs = {t - 1: dict(zip(procs, w)) for t, w in _TOPCUOGLU_W.items()}
+    costs = {t - 1: dict(zip(procs, w, strict=True)) for t, w in _TOPCUOGLU_W.items()}
     edges = {(a - 1, b - 1): float(c) for (a, b), c in _TOPCUOGLU_C.items()}
     # Communication cost = data volume on any inter-processor link, 0 on the same processor.
     links = {(a, b): Link(0.0, 1.0) for a in procs for b in procs if a != b}

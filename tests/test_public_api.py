@@ -9,10 +9,11 @@ import re
 import types
 from pathlib import Path
 
-import hetsched
-import hetsched._errors as errors
 import hetsched.backends
 import hetsched.policies
+
+import hetsched
+import hetsched._errors as errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,3 +141,70 @@ def test_readme_tour_runs(tmp_path, capsys) -> None:
     script.write_text(text[start : text.index("```", start)])
     runpy.run_path(str(script), run_name="__main__")
     assert "stage0" in capsys.readouterr().out
+
+
+def _private_imports(path: Path) -> list[str]:
+    """Every import in ``path`` of a ``hetsched._*`` module or of a ``_``-prefixed name from hetsched."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+            names: list[str] = []
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] != "hetsched":
+                continue
+            if any(p.startswith("_") for p in parts[1:]):
+                found.append(f"{path.name}:{node.lineno}: {module}")
+            found += [f"{path.name}:{node.lineno}: {module}.{n}" for n in names if n.startswith("_")]
+    return found
+
+
+def test_private_import_check_sees_private_imports(tmp_path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import hetsched._twin.sim\nfrom hetsched._governor import Governor\nfrom hetsched.lowlevel import _x\n"
+        "from hetsched import Governor, lowlevel\nimport numpy._core\nfrom . import _local\n"
+    )
+    assert _private_imports(probe) == [
+        "probe.py:1: hetsched._twin.sim",
+        "probe.py:2: hetsched._governor",
+        "probe.py:3: hetsched.lowlevel._x",
+    ]
+
+
+def test_examples_and_benchmarks_import_only_public_names() -> None:
+    files = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    assert files
+    bad = [hit for path in files for hit in _private_imports(path)]
+    assert not bad, bad
+
+
+def test_lowlevel_all_is_a_sorted_tuple_shown_as_lowlevel() -> None:
+    import hetsched.lowlevel as lowlevel
+
+    assert isinstance(lowlevel.__all__, tuple)
+    assert list(lowlevel.__all__) == sorted(set(lowlevel.__all__))
+    assert set(lowlevel.__all__) == _public_names(lowlevel)
+    wrong = {
+        name: obj.__module__ for name in lowlevel.__all__
+        if (inspect.isclass(obj := getattr(lowlevel, name)) or inspect.isfunction(obj))
+        and obj.__module__ != "hetsched.lowlevel"
+    }
+    assert not wrong, wrong
+
+
+def test_governor_extension_points_are_public() -> None:
+    # What a user needs to run the governor on a board hetsched has no profile for.
+    for name in ("ClockPort", "DomainSpec", "GovernorEngine", "Measurement", "PhaseModel"):
+        assert name in hetsched.__all__, name
+        assert getattr(hetsched, name).__module__ == "hetsched", name
+    assert "port" in inspect.signature(hetsched.Governor).parameters
+    assert ":param port:" in (hetsched.Governor.__doc__ or "")

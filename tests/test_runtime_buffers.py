@@ -11,16 +11,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from _models import make_model as _model
+from _models import reshape_model
+from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import BufferLeakError, EventInfo, Hooks, RuntimeStateError, Session, StageExecutionError
+from hetsched._delivery import Outputs
 from hetsched._runtime import BufferState
 from hetsched._runtime._scheduler import StageIO
-from hetsched._session import Outputs
-from hetsched.policies import Pinned
-
-from _models import make_model as _model
-from _models import reshape_model
 
 F = TensorProto.FLOAT
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
@@ -228,7 +227,7 @@ async def test_cancellation_returns_every_buffer_and_drops_pending_stages(no_lea
         assert {b.label for b in pool.leaks()} == held
         gate.release.set()
         with anyio.fail_after(10):
-            while _live(s):
+            while _live(s):  # noqa: ASYNC110 -- polls what worker threads change (no event to wait on); bounded by fail_after
                 await anyio.sleep(0.01)
         assert [st_name for _, st_name in gate.ran] == [sp.name for sp in s.plan.stages[:3]]
         assert pool.leaks() == ()
@@ -284,7 +283,7 @@ async def test_outputs_match_onnxruntime_with_every_value_crossing_a_boundary() 
         for i in range(20):
             x = _x(i)
             got = await s.run(None, {"x": x})
-            for g, e in zip(got, ref.run(None, {"x": x})):
+            for g, e in zip(got, ref.run(None, {"x": x}), strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-6)
         assert _live(s) == 0
 

@@ -8,13 +8,15 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import onnx
 import pytest
+from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import Device, EventInfo, Hooks, Priority, Session
-from hetsched.policies import Pinned
+from hetsched._runtime._clock import VirtualClock
 
 F = TensorProto.FLOAT
 
@@ -78,22 +80,81 @@ class _Order(Hooks):
             self.done[info.device or ""] = self.done.get(info.device or "", 0) + 1
 
 
+class _Gate(Hooks):
+    """Holds every stage at its start until the test grants it a permit (or opens the gate).
+
+    Tests that use it decide when each stage runs, so what they check follows from the order
+    of their own steps, not from how long anything takes on a busy machine.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._permits = 0
+        self._open = False
+        self.entered = 0
+        """Stages that reached the gate (started, or waiting to)."""
+
+    def before_stage(self, info: EventInfo) -> None:
+        with self._cond:
+            self.entered += 1
+            # bounded: a test that fails before opening the gate must not hang the session's close
+            if not self._cond.wait_for(lambda: self._open or self._permits > 0, timeout=30):
+                raise RuntimeError("the test never released this stage")
+            if not self._open:
+                self._permits -= 1
+
+    def grant(self, n: int = 1) -> None:
+        """Let ``n`` more stages run."""
+        with self._cond:
+            self._permits += n
+            self._cond.notify_all()
+
+    def open(self) -> None:
+        """Let every stage run from now on."""
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+
+async def _until(cond: Any, what: str, *, within_s: float = 10.0) -> None:
+    """Wait (polling the event loop) until ``cond()``; fails the test after ``within_s``."""
+    with anyio.fail_after(within_s):
+        while not cond():  # noqa: ASYNC110 -- polls what worker threads change (no event to wait on); bounded by fail_after
+            await anyio.sleep(0.001)
+
+
+async def _start_in_order(tg: Any, s: Session, fn: Any, indices: range) -> None:
+    """Start ``fn(i)`` for each index, each admitted before the next starts (trio runs new
+    tasks in no fixed order; the tests that number requests need their admission order)."""
+    for i in indices:
+        base = s.statistics().requests_started
+        tg.start_soon(fn, i)
+        await _until(lambda base=base: s.statistics().requests_started > base, f"request {i} admitted")
+
+
+async def _let_the_loop_run(iterations: int = 20) -> None:
+    """Give the event loop a few iterations: a wake-up already posted to it would be delivered."""
+    for _ in range(iterations):
+        await anyio.lowlevel.checkpoint()
+
+
 async def _queue_behind_gate(s: Session, order: _Order, prios: list[Priority], *, queued: int,
-                             pause_after: int | None = None, pause_s: float = 0.0) -> None:
-    """Block the held device with a first NORMAL request, queue ``prios``, then release."""
+                             pause_after: int | None = None, clock: VirtualClock | None = None,
+                             advance_s: float = 0.0) -> None:
+    """Block the held device with a first NORMAL request, queue ``prios``, then release.
+
+    With ``pause_after``, the virtual ``clock`` advances ``advance_s`` once ``prios[pause_after]``
+    is queued (the ones after it are admitted that much later)."""
     async with anyio.create_task_group() as tg:
         tg.start_soon(s.run, {"x": _x(0)})
         await anyio.to_thread.run_sync(order.entered.wait)
         for i, p in enumerate(prios):
             tg.start_soon(lambda p=p: s.run({"x": _x(1)}, priority=p))
             if pause_after is not None and i == pause_after:
-                with anyio.fail_after(5):
-                    while s.statistics().queued_stages < i + 1:
-                        await anyio.sleep(0.001)
-                await anyio.sleep(pause_s)
-        with anyio.fail_after(5):
-            while s.statistics().queued_stages < queued:
-                await anyio.sleep(0.001)
+                await _until(lambda i=i: s.statistics().queued_stages >= i + 1, "queued", within_s=5)
+                if clock is not None:
+                    clock.advance(advance_s)
+        await _until(lambda: s.statistics().queued_stages >= queued, "all queued", within_s=5)
         order.release.set()
 
 
@@ -125,13 +186,16 @@ async def test_without_priorities_requests_start_in_admission_order() -> None:
 
 @pytest.mark.anyio
 async def test_aging_lets_a_long_waiting_background_request_go_first() -> None:
-    # BACKGROUND (3) queued 0.3 s before a REALTIME (0) request: with aging_s = 0.05 it has
-    # waited more than 3 * 0.05 s longer and goes first; without aging REALTIME would.
-    for aging, expect_first in ((0.05, P.BACKGROUND), (None, P.REALTIME)):
+    # BACKGROUND (3) queued 0.3 s (virtual) before a REALTIME (0) request: with aging_s = 0.05
+    # it has waited more than 3 * 0.05 s longer and goes first; without aging REALTIME would,
+    # and so it does with aging when BACKGROUND waited only 0.1 s (< 3 * 0.05 s).
+    cases = ((0.05, 0.3, P.BACKGROUND), (None, 0.3, P.REALTIME), (0.05, 0.1, P.REALTIME))
+    for aging, waited_s, expect_first in cases:
         order = _Order(hold_device="cpu:0")
-        async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], aging_s=aging) as s:
+        clock = VirtualClock()
+        async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], aging_s=aging, clock=clock) as s:
             await _queue_behind_gate(s, order, [P.BACKGROUND, P.REALTIME, P.HIGH], queued=3,
-                                     pause_after=0, pause_s=0.3)
+                                     pause_after=0, clock=clock, advance_s=waited_s)
         started = order.started["cpu:0"][1:]
         assert order.priority[started[0]] is expect_first, (aging, [order.priority[r] for r in started])
 
@@ -148,13 +212,12 @@ async def test_preemption_point_is_the_stage_boundary() -> None:
             await anyio.to_thread.run_sync(order.entered.wait)
             for i in range(4):
                 tg.start_soon(lambda i=i: s.run({"x": _x(i)}, priority=P.BACKGROUND))
-            with anyio.fail_after(5):
-                while order.done.get("cpu:0", 0) < 5 or s.statistics().queued_stages < 4:
-                    await anyio.sleep(0.001)  # all their relus ran; their negs wait on cpu:1
+            # all their relus ran; their negs wait on cpu:1
+            await _until(lambda: order.done.get("cpu:0", 0) >= 5 and s.statistics().queued_stages >= 4, "relus",
+                         within_s=5)
             tg.start_soon(lambda: s.run({"x": _x(9)}, priority=P.HIGH))
-            with anyio.fail_after(5):
-                while order.done.get("cpu:0", 0) < 6 or s.statistics().queued_stages < 5:
-                    await anyio.sleep(0.001)
+            await _until(lambda: order.done.get("cpu:0", 0) >= 6 and s.statistics().queued_stages >= 5, "HIGH's relu",
+                         within_s=5)
             order.release.set()
     on_b = order.started["cpu:1"][1:]
     assert order.priority[on_b[0]] is P.HIGH
@@ -211,7 +274,7 @@ async def test_never_more_than_max_in_flight_admitted() -> None:
         async with anyio.create_task_group() as tg:
             for i in range(200):
                 tg.start_soon(one, i)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             assert s.statistics().in_flight <= 3
         st = s.statistics()
     assert order.max_in_flight == 3 == st.peak_in_flight == st.max_in_flight
@@ -345,61 +408,73 @@ async def test_completions_are_coalesced_while_every_worker_has_queued_work(anyi
 @pytest.mark.anyio
 async def test_high_priority_completion_wakes_its_caller_at_once(anyio_backend: str) -> None:
     # A HIGH request's stage is held while 12 BACKGROUND requests queue behind it on the one
-    # worker (20 ms stages). Deferred, its wake-up would wait for the next stage to end
-    # (~20 ms); HIGH's caller wakes right away, the BACKGROUND ones are coalesced.
-    order = _Order(hold_device="cpu:0")
-    ends: dict[Priority, list[float]] = {}
-
-    class StageEnds(Hooks):
-        def after_stage(self, info: EventInfo) -> None:
-            assert info.priority is not None
-            ends.setdefault(info.priority, []).append(time.perf_counter())
-
-    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order, _Slow(0.02), StageEnds()],
-                       max_in_flight=32) as s:
-        woke: dict[str, tuple[float, int]] = {}
+    # worker; then HIGH's stage runs and every later stage stays held at the gate. HIGH's
+    # caller must wake while they are held. If HIGH were deferrable like BACKGROUND, its
+    # wake-up would wait for the worker's queue to run short (never, while the gate holds it)
+    # or for its deadline (the virtual clock does not move): the wait below would fail.
+    gate = _Gate()
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[gate], max_in_flight=32, clock=VirtualClock()) as s:
+        woke: dict[str, int] = {}
 
         async def tagged(tag: str, i: int, prio: Priority) -> None:
             await s.run({"x": _x(i)}, priority=prio)
-            woke.setdefault(tag, (time.perf_counter(), s.statistics().queued_stages))
+            woke.setdefault(tag, s.statistics().queued_stages)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tagged, "high", 99, Priority.HIGH)
-            await anyio.to_thread.run_sync(order.entered.wait, 10)  # the worker holds HIGH's stage
-            for i in range(12):
-                tg.start_soon(tagged, "background", i, Priority.BACKGROUND)
-            while s.statistics().queued_stages < 12:
-                await anyio.sleep(0.001)
-            order.release.set()
-        high_woke, queued = woke["high"]
-        assert queued >= 6  # woken while the queue was still deep...
-        assert high_woke - ends[Priority.HIGH][0] < 0.01  # ...and not held back for the next stage
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tagged, "high", 99, Priority.HIGH)
+                await _until(lambda: gate.entered == 1, "the worker holds HIGH's stage")
+                for i in range(12):
+                    tg.start_soon(tagged, "background", i, Priority.BACKGROUND)
+                await _until(lambda: s.statistics().queued_stages == 12, "12 BACKGROUND stages queued")
+                gate.grant(1)  # HIGH's stage only
+                await _until(lambda: "high" in woke, "HIGH's caller woken while the queue is held")
+                assert woke["high"] >= 11  # woken with the queue still deep (one may be at the gate)
+                assert "background" not in woke
+                gate.open()
+        finally:
+            gate.open()
         assert s.statistics().wakeups_coalesced > 0  # while BACKGROUND wake-ups were coalesced
 
 
 @pytest.mark.anyio
 async def test_deferred_wake_ups_still_flow_while_a_stream_keeps_the_queue_deep(anyio_backend: str) -> None:
-    # New requests arrive faster than cpu:0 serves them, so its queue never runs short until
-    # the stream stops. Deferral is bounded by a fraction of each request's time in the
-    # system: the first caller is woken a stage or two after its request finished, not when
-    # the stream has drained.
-    async with Session(_two_stage(), devices=["cpu:0"], hooks=[_Slow(0.004)], max_in_flight=64) as s:
-        runs_when_first_woke: list[int] = []
+    # New requests keep cpu:0's queue deep, so it never runs short. A finished NORMAL request's
+    # wake-up is deferred, but only until a fraction of its time in the system has passed
+    # (virtual time here): then the next stage to end delivers it, with the queue still deep.
+    # Without that deadline the first caller would wait for the queue to drain (never, while
+    # the test keeps feeding it): the bounded wait below would fail.
+    clock = VirtualClock()
+    gate = _Gate()
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[gate], max_in_flight=64, clock=clock) as s:
+        woke: dict[int, int] = {}
 
         async def one(i: int) -> None:
             await s.run({"x": _x(i)})
-            if i == 0:
-                runs_when_first_woke.append(s.statistics().stage_runs)
+            woke[i] = s.statistics().queued_stages
 
-        async with anyio.create_task_group() as tg:
-            for i in range(8):
-                tg.start_soon(one, i)
-            for i in range(8, 40):
-                await anyio.sleep(0.003)
-                tg.start_soon(one, i)
+        try:
+            async with anyio.create_task_group() as tg:
+                await _start_in_order(tg, s, one, range(8))
+                await _until(lambda: gate.entered == 1 and s.statistics().queued_stages == 7, "8 requests in")
+                gate.grant(1)  # request 0 finishes with 7 stages queued behind it
+                await _until(lambda: gate.entered == 2, "the worker took the next stage")
+                await _let_the_loop_run()
+                assert not woke and s.statistics().wakeups_coalesced == 1  # deferred: queue deep, no deadline yet
+                await _start_in_order(tg, s, one, range(8, 12))  # the stream goes on
+                await _until(lambda: s.statistics().queued_stages == 10, "the stream's next requests queued")
+                await _let_the_loop_run()
+                assert not woke  # still deferred: the deadline has not passed in virtual time
+                clock.advance(1.0)  # past request 0's deadline
+                gate.grant(1)  # request 1 finishes: the deadline has passed, both callers wake
+                await _until(lambda: 0 in woke, "request 0's caller woken by its deadline")
+                assert woke[0] >= 8  # ...while the queue is still deep
+                gate.open()
+        finally:
+            gate.open()
         st = s.statistics()
-        assert st.requests_completed == 40 and st.wakeups_coalesced > 0
-        assert runs_when_first_woke and runs_when_first_woke[0] <= 8
+        assert st.requests_completed == 12 and st.in_flight == 0
+        assert sorted(woke) == list(range(12))
 
 
 @pytest.mark.anyio
@@ -433,14 +508,20 @@ async def test_coalescing_judges_the_workers_the_next_requests_start_on() -> Non
 
 @pytest.mark.anyio
 async def test_callers_cancelled_while_their_wake_up_is_deferred_leak_nothing(anyio_backend: str) -> None:
-    import random
-
-    rng = random.Random(0)
-    outcomes = {"done": 0, "cancelled": 0}
-    async with Session(_two_stage(), devices=["cpu:0", "cpu:1"], max_unit_nodes=1, max_in_flight=32,
-                       hooks=[_Slow(0.0005)]) as s:
+    # 16 requests on one worker; the first 8 finish while stages are still queued behind them,
+    # so their wake-ups are deferred (the virtual clock keeps every deadline ahead). Four of
+    # those callers (two zero-copy, whose outputs are pool buffers owed to them) and two whose
+    # stages are still queued are cancelled before anything else runs. Whatever a cancelled
+    # request holds must go back to the pool (else live_buffers > 0 and the session's close
+    # raises BufferLeakError), and the others still get their results.
+    gate = _Gate()
+    n = 16
+    scopes = [anyio.CancelScope() for _ in range(n)]
+    outcome: dict[int, str] = {}
+    cancel = (0, 1, 2, 3, 10, 11)
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[gate], max_in_flight=32, clock=VirtualClock()) as s:
         async def one(i: int) -> None:
-            with anyio.move_on_after(rng.uniform(0.0, 0.3)) as scope:
+            with scopes[i]:
                 if i % 2:
                     out = await s.run({"x": _x(i)}, zero_copy=True)
                     with out:
@@ -448,15 +529,28 @@ async def test_callers_cancelled_while_their_wake_up_is_deferred_leak_nothing(an
                 else:
                     out = await s.run({"x": _x(i)})
                     np.testing.assert_array_equal(out["y"], -np.maximum(_x(i), 0))
-                outcomes["done"] += 1
-            if scope.cancelled_caught:
-                outcomes["cancelled"] += 1
+                outcome[i] = "done"
+            if scopes[i].cancelled_caught:
+                outcome[i] = "cancelled"
 
-        async with anyio.create_task_group() as tg:
-            for i in range(600):
-                tg.start_soon(one, i)
+        try:
+            async with anyio.create_task_group() as tg:
+                await _start_in_order(tg, s, one, range(n))
+                await _until(lambda: gate.entered == 1 and s.statistics().queued_stages == n - 1, "all queued")
+                gate.grant(8)  # requests 0..7 run and finish; request 8's stage waits at the gate
+                await _until(lambda: gate.entered == 9, "requests 0..7 finished")
+                await _let_the_loop_run()
+                assert s.statistics().wakeups_coalesced == 8 and not outcome  # all 8 deferred
+                live = sum(p.live_buffers for p in s.statistics().pools.values())
+                assert live > 0  # the zero-copy callers' outputs wait in the pool for them
+                for i in cancel:
+                    scopes[i].cancel()
+                await _until(lambda: len(outcome) == len(cancel), "the cancelled callers returned")
+                gate.open()
+        finally:
+            gate.open()
         st = s.statistics()
-        assert outcomes["done"] > 0 and outcomes["cancelled"] > 0 and st.wakeups_coalesced > 0
         assert st.in_flight == 0
         assert sum(p.live_buffers for p in st.pools.values()) == 0
+    assert outcome == {i: "cancelled" if i in cancel else "done" for i in range(n)}
     # and the session closed without a leak report (it would have raised BufferLeakError)

@@ -9,11 +9,11 @@ import anyio
 import numpy as np
 import onnx
 import pytest
+from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import Device, Event, EventInfo, Hooks, Priority, Session, TransferError
 from hetsched._runtime import MemoryDomain, MemoryKind, Topology, TransferInfo, rate_limited_copy
-from hetsched.policies import Pinned
 
 F = TensorProto.FLOAT
 ROWS, COLS = 512, 512  # 1 MiB of float32 crossing each boundary
@@ -180,7 +180,7 @@ async def test_cancelling_a_request_mid_transfer_returns_its_buffers() -> None:
         assert st.requests_cancelled == 1
         assert st.transfers is not None and st.transfers.channels["acc<->host"].cancelled >= 1
         with anyio.fail_after(10):
-            while any(p.live_buffers for p in s.statistics().pools.values()):
+            while any(p.live_buffers for p in s.statistics().pools.values()):  # noqa: ASYNC110 -- polls what worker threads change (no event to wait on); bounded by fail_after
                 await anyio.sleep(0.01)
         out = await s.run({"x": _x(3)})
         np.testing.assert_allclose(out["y"], _expected(_x(3))["y"], rtol=1e-5, atol=1e-4)

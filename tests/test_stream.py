@@ -4,13 +4,17 @@ cancellation without leaks, the general path (request hooks), backpressure."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
 import numpy as np
 import onnx
 import pytest
+from _models import make_model as _model
+from _models import reshape_model
+from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import (
@@ -25,10 +29,6 @@ from hetsched import (
     Session,
     StageExecutionError,
 )
-from hetsched.policies import Pinned
-
-from _models import make_model as _model
-from _models import reshape_model
 
 F = TensorProto.FLOAT
 PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]
@@ -61,12 +61,48 @@ def _pipeline(units: Any) -> str:
     return "cpu:0" if units.nodes[0] in ("relu", "neg") else "cpu:1"
 
 
+async def _until(cond: Callable[[], bool], what: str) -> None:
+    """Wait (polling the loop) until ``cond()``; the bound only catches a hang, it times nothing."""
+    with anyio.fail_after(60, reason=f"never: {what}"):
+        while True:
+            if cond():
+                return
+            await anyio.sleep(0.001)
+
+
 async def _settle(s: Session) -> None:
     """A stage that was running when its request was dropped returns its buffers when it ends."""
-    with anyio.fail_after(5):
-        while s.statistics().pools["host"].bytes_in_use:
-            await anyio.sleep(0.005)
+    await _until(lambda: not s.statistics().pools["host"].bytes_in_use, "the dropped requests' buffers returned")
     _assert_clean(s)
+
+
+class _AheadOfTheWorkers(Hooks):
+    """Holds each stage until the stream has a validated input waiting (or its source is done).
+
+    So a worker finishing a stage always finds a next request to admit, whatever the relative
+    speed of the event loop and the devices on a loaded machine: what the tests below check
+    (workers admit, the loop wakes per batch, the window fills) is then the stream's logic, not
+    a race. Never a deadlock: pending at or below half the window wakes the feeder.
+    """
+
+    def __init__(self) -> None:
+        self.stream: ResultStream | None = None
+        self.in_flight: list[int] = []
+
+    def before_stage(self, info: EventInfo) -> None:
+        stream = self.stream
+        if stream is None:
+            return
+        give_up = time.monotonic() + 30  # a guard against a hang only; nothing is timed
+        while time.monotonic() < give_up:
+            st = stream.statistics()
+            if st.pending or st.taken == self.total:
+                break
+            time.sleep(0.0002)
+        self.in_flight.append(stream.statistics().in_flight)
+
+    total = -1
+    """Items of the source (the wait ends once all were taken)."""
 
 
 def _assert_clean(s: Session) -> None:
@@ -74,7 +110,7 @@ def _assert_clean(s: Session) -> None:
     assert st.in_flight == 0
     for pool in st.pools.values():
         assert pool.bytes_in_use == 0 and pool.live_buffers == 0
-    assert s._limiter is not None and s._limiter.active == 0  # every admission slot given back
+    assert s._core.slots_in_use == 0  # every admission slot given back
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -91,13 +127,16 @@ async def test_results_come_in_source_order_and_match_the_model(kind: str) -> No
             yield {"x": x}
 
     source: Any = {"list": [{"x": x} for x in xs], "generator": ({"x": x} for x in xs), "async generator": agen()}[kind]
-    async with Session(_chain(), devices=PER_CORE) as s:
+    ahead = _AheadOfTheWorkers()
+    ahead.total = n
+    async with Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s:
         async with s.map(source) as results:
             assert isinstance(results, ResultStream)
+            ahead.stream = results
             got = [out async for out in results]
             st = results.statistics()
         assert len(got) == n
-        for x, out in zip(xs, got):
+        for x, out in zip(xs, got, strict=True):
             np.testing.assert_allclose(out["y"], _expected(x), rtol=1e-6)
         assert st.worker_admission and st.delivered == st.admitted == st.taken == n
         assert st.admitted_by_workers > n // 4  # workers start requests themselves, not only the loop
@@ -109,8 +148,11 @@ async def test_results_come_in_source_order_and_match_the_model(kind: str) -> No
 @pytest.mark.anyio
 async def test_a_fast_source_wakes_the_loop_once_per_batch_not_per_request() -> None:
     n = 400
-    async with Session(_chain(), devices=PER_CORE) as s:
+    ahead = _AheadOfTheWorkers()
+    ahead.total = n
+    async with Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s:
         async with s.map(({"x": _x(i)} for i in range(n)), window=8) as results:
+            ahead.stream = results
             count = 0
             async for _ in results:
                 count += 1
@@ -153,7 +195,7 @@ async def test_a_source_slower_than_the_devices_gets_each_result_at_once() -> No
             yield {"x": _x(i)}
 
     async with Session(_chain(), devices=PER_CORE) as s:
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             async with s.map(source(), window=8) as results:
                 i = 0
                 async for out in results:
@@ -165,20 +207,15 @@ async def test_a_source_slower_than_the_devices_gets_each_result_at_once() -> No
 
 @pytest.mark.anyio
 async def test_window_bounds_the_requests_in_flight() -> None:
-    seen: list[int] = []
-    streams: list[ResultStream] = []
-
-    class Watch(Hooks):
-        def before_stage(self, info: EventInfo) -> None:
-            if streams:
-                seen.append(streams[0].statistics().in_flight)
-
-    async with Session(_chain(), devices=PER_CORE, hooks=[Watch()]) as s:
+    ahead = _AheadOfTheWorkers()
+    ahead.total = 200
+    async with Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s:
         async with s.map(({"x": _x(i)} for i in range(200)), window=3) as results:
-            streams.append(results)
+            ahead.stream = results
             async for _ in results:
                 pass
             assert results.statistics().window == 3
+    seen = ahead.in_flight
     assert seen and max(seen) <= 3
     assert max(seen) >= 2  # the window was used, not one at a time
 
@@ -206,15 +243,22 @@ async def test_a_slow_consumer_holds_the_stream_back_and_it_still_completes() ->
     n, window = 60, 4
     undelivered: list[int] = []
     async with Session(_chain(), devices=PER_CORE) as s:
-        with anyio.fail_after(30):
-            async with s.map(({"x": _x(i)} for i in range(n)), window=window) as results:
-                i = 0
-                async for out in results:
-                    np.testing.assert_allclose(out["y"], _expected(_x(i)), rtol=1e-6)
-                    i += 1
-                    await anyio.sleep(0.002 if i % 10 else 0.05)  # now and then the devices get far ahead
-                    st = results.statistics()
-                    undelivered.append(st.admitted - st.delivered)
+        async with s.map(({"x": _x(i)} for i in range(n)), window=window) as results:
+
+            def ahead() -> int:
+                st = results.statistics()
+                return st.admitted - st.delivered
+
+            i = 0
+            async for out in results:
+                np.testing.assert_allclose(out["y"], _expected(_x(i)), rtol=1e-6)
+                i += 1
+                if i % 10 == 0 and i + 2 * window <= n:  # now and then the devices get far ahead
+                    await _until(lambda: ahead() >= 2 * window, "the devices 2 windows ahead of the consumer")
+                    await anyio.sleep(0.01)  # and could go further if nothing held them back
+                else:
+                    await anyio.sleep(0.002)
+                undelivered.append(ahead())
         assert i == n
         assert max(undelivered) <= 2 * window
         assert max(undelivered) == 2 * window  # the bound was reached: the stream was held back
@@ -381,7 +425,7 @@ async def test_two_streams_and_run_callers_share_a_small_session() -> None:
             for i in range(20):
                 outs["run"].append((i, (await s.run({"x": _x(i)}))["y"]))
 
-        with anyio.fail_after(30):
+        with anyio.fail_after(60):  # a guard against a hang only
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stream, "a", 0)
                 tg.start_soon(stream, "b", 1000)

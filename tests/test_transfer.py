@@ -86,7 +86,7 @@ class Recorder:
 
 async def _until(pred: Callable[[], bool]) -> None:
     with anyio.fail_after(30):
-        while not pred():
+        while not pred():  # noqa: ASYNC110 -- polls what worker threads change (no event to wait on); bounded by fail_after
             await anyio.sleep(0.001)
 
 

@@ -1,4 +1,4 @@
-"""hetsched.testing.build_board_tree: every board and variant, laid out as soc-sysfs.md specifies."""
+"""hetsched.testing.build_board_tree: every board and variant, laid out as docs/twin-sysfs.md describes."""
 
 from __future__ import annotations
 

@@ -13,27 +13,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from hetsched._errors import ModelNotFoundError
+from hetsched._planning.model import embedded_model, model_path
 
-LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 DEFAULT_MODEL = "light_squeezenet"
 
 
 def light_model(name: str) -> Path:
     """A model shipped in the onnx wheel (``light_squeezenet``, ``light_resnet50``, ...)."""
-    stem = name if name.startswith("light_") else f"light_{name}"
-    path = LIGHT_DIR / f"{stem}.onnx"
-    if not path.exists():
-        known = sorted(p.stem for p in LIGHT_DIR.glob("light_*.onnx"))
-        raise ModelNotFoundError(f"no embedded model {name!r}; known: {known}")
-    return path
+    return embedded_model(name)
 
 
 def resolve_model_arg(arg: str) -> Path:
-    p = Path(arg)
-    if p.exists() or os.sep in arg or arg.endswith(".onnx"):
-        return p
-    return light_model(arg)
+    return model_path(arg)
 
 
 def default_host_devices() -> list[str]:

@@ -18,7 +18,7 @@ import numpy as np
 from ._common import DEFAULT_MODEL, add_devices_args, default_host_devices, light_model, random_feeds
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="split an embedded model across this machine's devices and run it")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded model (default {DEFAULT_MODEL})")
     add_devices_args(p)
@@ -48,8 +48,8 @@ def main(args: argparse.Namespace) -> int:
             feeds = random_feeds(s.get_inputs())
             ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
             out = await s.run(None, feeds)
-            max_diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(out, ref))
-            if not all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(out, ref)):
+            max_diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(out, ref, strict=True))
+            if not all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(out, ref, strict=True)):
                 raise HetschedError(f"demo outputs differ from onnxruntime's (max abs diff {max_diff})")
             lat = []
             for _ in range(args.requests):

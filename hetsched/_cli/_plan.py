@@ -10,7 +10,7 @@ import anyio
 from ._common import add_devices_args, resolve_model_arg
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition and place a model; print the placement table")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_resnet50)")
     add_devices_args(p)

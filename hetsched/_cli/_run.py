@@ -14,7 +14,7 @@ import anyio.abc
 from ._common import Progress, add_devices_args, default_host_devices, random_feeds, resolve_model_arg
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run requests through a model (random inputs)")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name")
     add_devices_args(p)

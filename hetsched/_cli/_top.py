@@ -98,30 +98,15 @@ def format_frame(snap: Any, *, root: str, interval: float) -> str:
     return "\n".join(lines)
 
 
-def _estimator_for(platform: Any) -> Any:
-    """The twin's power model for a board without a power sensor, if the twin provides one.
-
-    Looked up as ``hetsched._twin.power_estimator(soc) -> Estimator``; None otherwise (the
-    estimated rails then show ``-``).
-    """
-    if platform.soc is None or platform.has_power_sensor:
-        return None
-    try:
-        import hetsched._twin as twin
-    except ImportError:
-        return None
-    factory = getattr(twin, "power_estimator", None)
-    return factory(platform.soc) if callable(factory) else None
-
-
 async def _top(args: argparse.Namespace, out: TextIO) -> int:
+    from hetsched._estimators import for_platform
     from hetsched._platform.discovery import discover
     from hetsched._platform.telemetry import Telemetry
 
     tty = out.isatty()
     platform = discover(args.root)
     telemetry = Telemetry(
-        args.root, period_s=args.interval, capacity=8, platform=platform, estimator=_estimator_for(platform)
+        args.root, period_s=args.interval, capacity=8, platform=platform, estimator=for_platform(platform)
     )
     async with telemetry as tm:
         snap = tm.latest()

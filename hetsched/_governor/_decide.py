@@ -200,9 +200,9 @@ def decide(inp: DecisionInput) -> Decision:
             for name, spec in inp.domains.items():
                 if name in locked or name not in current:
                     continue
-                lower = spec.lower(current[name])
-                if lower is not None:
-                    freqs[name] = lower
+                step = spec.lower(current[name])
+                if step is not None:
+                    freqs[name] = step
         target = OperatingPoint.of(freqs)
         reason = "untuned, over the power cap: one step down" if over else "untuned: top clocks"
         return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over)

@@ -4,7 +4,9 @@
 thermal fits) and turns phase changes and telemetry ticks into writes through a
 :class:`~hetsched._governor._ports.ClockPort`. The decisions themselves are made by
 the pure :func:`~hetsched._governor._decide.decide`; this module only gathers its
-inputs, applies its outputs, reads back and keeps the books. It is what the public
+inputs and applies its outputs; the books are kept by :mod:`._meter` (energy, power, time
+per phase) and :mod:`._thermal` (the thermal guard), the writes and read-backs by
+:mod:`._clocks`. It is what the public
 :class:`~hetsched._governor._governor.Governor` drives on a board and what benchmarks
 drive on the fast simulation.
 
@@ -21,80 +23,34 @@ for the phase gets a settle run (the occurrence is not measured, the point is re
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from .._errors import PowerBudgetError, ProfileError, RuntimeStateError
 from .._snapshot import Snapshot
+from ._clocks import ClockWriter
 from ._decide import Decision, DecisionInput, GovernorConfig, decide, switchable
+from ._loop import held_domains, loop_slowdown, slowdown_share
+from ._meter import PhaseLedger, PowerMeter
 from ._model import Measurement, PhaseModel, choose
 from ._phase import Phase, as_phase
 from ._points import DomainSpec, OperatingPoint
 from ._ports import ClockPort
 from ._profile import BoardId, GovernorProfile
-from ._thermal import RCFit, ZoneWindow, zone_power_cap
+from ._statistics import GovernorStatistics, PhaseStatistics
+from ._thermal import ThermalGuard
 from ._tuner import AxisTuner
 
 __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
 
 log = logging.getLogger("hetsched.governor")
 
-_EWMA_DURATION = 0.3
-_EWMA_BIAS = 0.2
-_NO_FOLLOW_LIMIT = 2
-_REACTIVE_BAND_C = 1.0
-_POWER_SMOOTH_S = 1.0
 _TUNE_AFTER = 3
 """Occurrences of a phase before its tuning starts: the first run under the kernel's
 governors, the next ones at the top clocks (what the phase's length is judged on)."""
-
-
-@dataclass(frozen=True)
-class PhaseStatistics:
-    occurrences: int
-    total_s: float
-    energy_j: float
-    expected_s: float | None
-    tuned: bool
-    tuning: bool
-    untunable: bool
-    """Too short for any domain's transition latency: nothing to tune."""
-    power_bias_w: float
-
-
-@dataclass(frozen=True)
-class GovernorStatistics:
-    """Counters and state of a governor (frozen snapshot)."""
-
-    phase: Phase | None
-    phase_switches: int
-    decisions: int
-    writes: int
-    """Frequency writes issued (0 in dry-run)."""
-    writes_avoided: int
-    """Domain changes not made because the phase was too short for the domain's latency."""
-    tuning_measurements: int
-    tuned_phases: tuple[Phase, ...]
-    locked_domains: tuple[str, ...]
-    """Domains whose clock did not follow writes (frequency lock): reported and left alone."""
-    capped_decisions: int
-    """Decisions where the power budget or the thermal guard lowered the clocks."""
-    thermal_cap_w: float | None
-    power_cap_w: float | None
-    thermal_zone: str | None
-    """The zone that sets the thermal cap, if any."""
-    max_predicted_power_w: float | None
-    energy_j: float
-    """Energy integrated from telemetry since start."""
-    dry_run: bool
-    ungoverned: bool
-    """True when permission was missing and the run went on without writing (``strict=False``)."""
-    restored: bool
-    phases: Mapping[Phase, PhaseStatistics]
 
 
 class GovernorEngine:
@@ -134,38 +90,14 @@ class GovernorEngine:
         self._tuners: dict[Phase, AxisTuner] = {}
         self._tuner_slow: dict[Phase, frozenset[str]] = {}
         self._untunable: set[Phase] = set()
-        self._expected: dict[Phase, float] = {}
-        self._shortest: dict[Phase, float] = {}
-        """The fastest each phase has run (at the top clocks, once it ran there): what decides
-        which domains a phase is long enough to switch when tuning, so a slow start under the
-        kernel governors (or a slow tuning point) does not make a slow domain look switchable."""
         self._successor: dict[Phase, Phase] = {}
-        self._bias: dict[Phase, float] = {}
-        self._occ: dict[Phase, int] = {}
-        self._phase_time: dict[Phase, float] = {}
-        self._phase_energy: dict[Phase, float] = {}
-        self._current: dict[str, int] = {}
-        self._locked: set[str] = set()
-        self._no_follow: dict[str, int] = {}
-        self._unverified: dict[str, tuple[int, int | None, float]] = {}
+        self._book = PhaseLedger()
+        self._meter = PowerMeter()
+        self._guard = ThermalGuard(self.config)
+        self._clocks = ClockWriter(port, self.domains, self.config)
         self._saved: Any = None
         self._started = False
         self._restored = False
-        # thermal
-        self._fits: dict[str, RCFit] = {}
-        self._windows: dict[str, ZoneWindow] = {}
-        self._limits: dict[str, float] = {}
-        self._slopes: dict[str, float] = {}
-        self._thermal_cap: float | None = None
-        self._thermal_zone: str | None = None
-        # energy integration
-        self._energy = 0.0
-        self._total_rail: str | None = None
-        self._last_counter: float | None = None
-        self._last_t: float | None = None
-        self._last_p: float | None = None
-        self._smooth_p: float | None = None
-        self._max_power_seen = 0.0
         # phase in progress
         self._phase: Phase | None = None
         self._phase_t0 = 0.0
@@ -184,7 +116,6 @@ class GovernorEngine:
         # counters
         self._switches = 0
         self._decisions = 0
-        self._writes = 0
         self._avoided = 0
         self._tune_meas = 0
         self._capped = 0
@@ -204,16 +135,13 @@ class GovernorEngine:
         self._check_budget()
         if not self.dry_run and not self.ungoverned:
             self._saved = self.port.save()
-        for name in self.domains:
-            hz = self.port.read(name)
-            if hz is not None:
-                self._current[name] = hz
+        self._clocks.read_all()
         self._started = True
         self._observe(self.port.sample())
         if self.config.power_budget_w is not None:
             # Under a budget nothing is known to be safe yet but the lowest clocks: take
             # every domain from the kernel governors (which may well run at the top) now.
-            self._apply({n: s.min_hz for n, s in self.domains.items() if self._current.get(n) != s.min_hz})
+            self._apply({n: s.min_hz for n, s in self.domains.items() if self._clocks.current.get(n) != s.min_hz})
 
     def _check_budget(self) -> None:
         cap = self.config.budget_cap_w
@@ -250,95 +178,20 @@ class GovernorEngine:
         if snap is None:
             return
         t = self.port.now()
-        power = snap.total_power_w
-        if power is None:
-            vals = [r.power_w for r in snap.rails.values() if r.power_w is not None]
-            power = sum(vals) if vals else None
-        counter = self._energy_counter(snap, power)
-        dt = t - self._last_t if self._last_t is not None else 0.0
-        if counter is not None:
-            # The board's own energy counter (or the telemetry's integral of the input
-            # rail at its own rate) is better than integrating our sparser samples, and
-            # its rate is the mean power since the last sample: samples taken at phase
-            # boundaries would otherwise see mostly the instants between phases.
-            if self._last_counter is not None and counter >= self._last_counter:
-                self._energy += counter - self._last_counter
-                if dt > 0:
-                    power = (counter - self._last_counter) / dt
-            self._last_counter = counter
-        if power is not None:
-            if counter is None and self._last_t is not None and self._last_p is not None and dt > 0:
-                self._energy += 0.5 * (power + self._last_p) * dt
-            if self._smooth_p is None or self._last_t is None:
-                self._smooth_p = power
-            else:
-                a = min(1.0, max(0.0, dt) / _POWER_SMOOTH_S)
-                self._smooth_p += a * (power - self._smooth_p)
-            self._last_t, self._last_p = t, power
-            self._max_power_seen = max(self._max_power_seen, self._smooth_p)
-        for name, zone in snap.zones.items():
-            if zone.passive_trip_c is None or zone.temp_c is None:
-                continue
-            self._limits[name] = zone.passive_trip_c - self.config.thermal_margin_c
-            if power is None:
-                continue
-            if name not in self._fits:
-                self._fits[name] = RCFit.from_prior()
-            self._fits[name] = self._fits[name].with_ambient_ceiling(zone.temp_c)
-            win = self._windows.get(name, ZoneWindow()).add(t, zone.temp_c, power, dt)
-            if win.span_s >= self.config.thermal_window_s:
-                summary = win.summary()
-                if summary is not None:
-                    self._fits[name] = self._fits[name].update(*summary)
-                    self._slopes[name] = summary[0]
-                win = ZoneWindow()
-            self._windows[name] = win
-        self._update_thermal_cap(snap, power)
-
-    def _energy_counter(self, snap: Snapshot, power: float | None) -> float | None:
-        """Cumulative energy of the board-input rail, if the snapshot carries one."""
-        if self._total_rail is None:
-            rails = [r for r in snap.rails.values() if r.energy_j is not None and r.power_w is not None]
-            if not rails:
-                return None
-            top = max(rails, key=lambda r: r.power_w or 0.0)
-            # The input rail carries every other rail: it is the largest, and near the total.
-            if power is not None and (top.power_w or 0.0) < 0.8 * power:
-                return None
-            self._total_rail = top.name
-        rail = snap.rails.get(self._total_rail)
-        return None if rail is None else rail.energy_j
-
-    def _update_thermal_cap(self, snap: Snapshot, power: float | None) -> None:
-        temps = {n: z.temp_c for n, z in snap.zones.items() if z.temp_c is not None}
-        horizon = max(self.config.thermal_horizon_s, self._expected.get(self._phase, 0.0) if self._phase else 0.0)
-        cap, zone = zone_power_cap(
-            self._fits, temps, self._limits, horizon_s=horizon, power_now_w=self._smooth_p,
-            reactive_band_c=_REACTIVE_BAND_C, slopes=self._slopes,
-        )
-        old = self._thermal_cap
-        if cap is None or cap >= 1e6:
-            # Far from every trip: release the cap only with hysteresis (see below).
-            cap = math.inf
-        if old is None:
-            self._thermal_cap = None if math.isinf(cap) else cap
-        elif cap < old:
-            self._thermal_cap = cap
-        elif cap > old * (1.0 + self.config.cap_hysteresis):
-            self._thermal_cap = None if math.isinf(cap) else cap
-        self._thermal_zone = zone if self._thermal_cap is not None else None
+        power, dt = self._meter.observe(t, snap)
+        phase_s = self._book.expected.get(self._phase, 0.0) if self._phase else 0.0
+        self._guard.observe(t, snap, power, dt, smooth_w=self._meter.smooth_w, phase_s=phase_s)
 
     def power_cap(self) -> float | None:
         """The tighter of the budget cap and the thermal guard's (mean-power) cap, now."""
-        caps = [c for c in (self.config.budget_cap_w, self._thermal_cap) if c is not None]
+        caps = [c for c in (self.config.budget_cap_w, self._guard.cap_w) if c is not None]
         return min(caps) if caps else None
 
     def _unconstrained_power(self, phase: Phase) -> float | None:
         model = self._models.get(phase)
         if model is not None and model.best is not None:
-            return model.predict(model.best).power_w + max(0.0, self._bias.get(phase, 0.0))
-        t = self._phase_time.get(phase, 0.0)
-        return self._phase_energy.get(phase, 0.0) / t if t > 0 else None
+            return model.predict(model.best).power_w + max(0.0, self._book.bias.get(phase, 0.0))
+        return self._book.mean_power(phase)
 
     def phase_cap(self, phase: Phase) -> float | None:
         """The cap for ``phase``'s decision.
@@ -348,13 +201,13 @@ class GovernorEngine:
         shared out in proportion to what each phase draws unconstrained: the hungry
         phases give up the most watts instead of every phase being cut to the same level.
         """
-        thermal = self._thermal_cap
+        thermal = self._guard.cap_w
         if thermal is not None:
             mine = self._unconstrained_power(phase)
             weights = [
-                (pw, self._expected[p])
-                for p in self._expected
-                if (pw := self._unconstrained_power(p)) is not None and self._expected[p] > 0
+                (pw, self._book.expected[p])
+                for p in self._book.expected
+                if (pw := self._unconstrained_power(p)) is not None and self._book.expected[p] > 0
             ]
             total_t = sum(t for _, t in weights)
             if mine is not None and total_t > 0:
@@ -387,7 +240,7 @@ class GovernorEngine:
         self._switches += 1
         self._phase = phase
         self._phase_t0 = now
-        self._phase_e0 = self._energy
+        self._phase_e0 = self._meter.energy_j
         self._phase_dirty = False
         self._maybe_start_tuner(phase)
         tuning_point = None
@@ -405,7 +258,7 @@ class GovernorEngine:
         self._phase_tuning = tuning_point is not None
         self._phase_tuning_point = tuning_point
         decision = self._decide(phase, tuning_point)
-        self._phase_point = OperatingPoint.of(dict(self._current))
+        self._phase_point = OperatingPoint.of(dict(self._clocks.current))
         # A slow domain written now reaches its new clock only part-way through the phase
         # (a 5-8 ms Jetson GPU/EMC change in a 10 ms phase): this occurrence measures neither
         # point. The tuner asks for the same point again, which then runs settled.
@@ -436,9 +289,7 @@ class GovernorEngine:
             return
         model = self._models.get(owner)
         if model is not None:
-            err = m.power_w - model.predict(point).power_w
-            b = self._bias.get(owner)
-            self._bias[owner] = err if b is None else b + _EWMA_BIAS * (err - b)
+            self._book.update_bias(owner, m.power_w - model.predict(point).power_w)
 
     def tick(self) -> Decision | None:
         """A telemetry tick inside a phase: update the thermal guard; re-decide if the cap moved."""
@@ -459,7 +310,7 @@ class GovernorEngine:
         return decision
 
     def _thermal_pressure(self) -> bool:
-        return self._thermal_cap is not None and self._thermal_cap < self._max_power_seen
+        return self._guard.pressure(self._meter.max_smooth_w)
 
     def _maybe_start_tuner(self, phase: Phase) -> None:
         if (
@@ -469,25 +320,25 @@ class GovernorEngine:
             or phase in self._models
             or phase in self._tuners
             or phase in self._untunable
-            or phase not in self._expected
-            or self._occ.get(phase, 0) < _TUNE_AFTER
+            or phase not in self._book.expected
+            or self._book.occurrences.get(phase, 0) < _TUNE_AFTER
         ):
             return
         if self._tuners:
             return  # one phase at a time: the others' clocks must be settled while it is measured
         # Longest phases first: shorter ones inherit the domains they cannot switch from them.
         waiting = [
-            p for p in self._expected
+            p for p in self._book.expected
             if p is not Phase.IDLE and p not in self._models and p not in self._untunable
         ]
-        if max(waiting, key=lambda p: self._expected[p]) is not phase:
+        if max(waiting, key=lambda p: self._book.expected[p]) is not phase:
             return
-        expected = self._shortest.get(phase, self._expected[phase])
+        expected = self._book.shortest.get(phase, self._book.expected[phase])
         held = self._held_for(phase)
         tune = [
             name
             for name, spec in self.domains.items()
-            if name not in self._locked and (name in held or switchable(spec, expected, self.config.min_phase_factor))
+            if name not in self._clocks.locked and (name in held or switchable(spec, expected, self.config.min_phase_factor))
         ]
         if not tune:
             self._untunable.add(phase)
@@ -511,79 +362,27 @@ class GovernorEngine:
         )
 
     def _loop_slowdown(self) -> float:
-        """The slowdown the loop as a whole may take: ``config.slowdown``, or with
-        ``config.loop_deadline_s`` what the deadline leaves over the loop's working phases
-        at the top clocks (each phase's fastest run), whichever is more."""
-        cfg = self.config
-        if cfg.loop_deadline_s is None:
-            return cfg.slowdown
-        loop_s = sum(t for p, t in self._shortest.items() if p is not Phase.IDLE)
-        if loop_s <= 0:
-            return cfg.slowdown
-        return max(cfg.slowdown, cfg.loop_deadline_s / loop_s - 1.0)
+        return loop_slowdown(self.config, self._book.shortest)
 
     def _slowdown_for(self, phase: Phase) -> float:
-        """The slowdown bound ``phase`` is tuned to.
-
-        The loop owner's tuning measured the other working phases of the loop as they ran
-        then (untuned, at their top clocks) and spent the loop's bound on its own clocks;
-        phases tuned after it share what it left of the loop's bound, in proportion to their
-        length, so the loop as a whole stays within :meth:`_loop_slowdown` (``config.slowdown``,
-        or the loop deadline). Without a loop owner every phase gets the loop's bound.
-        """
-        base = self._loop_slowdown()
         owner = self._loop_owner
-        model = self._models.get(owner) if owner is not None else None
-        if (
-            owner is None or phase is owner or model is None or model.unit != "loop"
-            or model.best_measured is None or model.reference_s is None
-        ):
-            return base
-        spare_s = model.reference_s * (1.0 + base) - model.best_measured.seconds
-        waiting = [
-            p for p in self._shortest
-            if p not in (Phase.IDLE, owner) and p not in self._models and p not in self._untunable
-        ]
-        span = sum(self._shortest[p] for p in waiting)
-        if span <= 0 or spare_s <= 0:
-            return 0.0
-        return min(base, spare_s / span)
-
-    def _length(self, phase: Phase | None) -> float | None:
-        """The length switching decisions assume for ``phase`` (see :attr:`_shortest`)."""
-        if phase is None:
-            return None
-        return self._shortest.get(phase, self._expected.get(phase))
+        return slowdown_share(
+            phase, self._loop_slowdown(), owner=owner,
+            owner_model=self._models.get(owner) if owner is not None else None,
+            shortest=self._book.shortest, settled=set(self._models) | self._untunable,
+        )
 
     def _held_for(self, phase: Phase) -> frozenset[str]:
-        """The slow domains ``phase`` sets for the whole loop (see :attr:`DecisionInput.held`).
-
-        Those are the unlocked domains no working phase seen so far lasts long enough to
-        switch; the longest working phase owns them (it weighs most in the loop's time and
-        energy, and is tuned first). Empty for every other phase and for IDLE.
-        """
-        working = {p: t for p, t in self._shortest.items() if p is not Phase.IDLE}
-        if phase is Phase.IDLE or phase not in working or max(working, key=lambda p: working[p]) is not phase:
-            return frozenset()
-        factor = self.config.min_phase_factor
-        return frozenset(
-            name
-            for name, spec in self.domains.items()
-            if name not in self._locked and not any(switchable(spec, t, factor) for t in working.values())
+        return held_domains(
+            phase, self._book.shortest, self.domains, self._clocks.locked, self.config.min_phase_factor
         )
 
     def _finish_phase(self, now: float) -> None:
         phase = self._phase
         assert phase is not None
         seconds = now - self._phase_t0
-        energy = self._energy - self._phase_e0
-        self._occ[phase] = self._occ.get(phase, 0) + 1
-        self._phase_time[phase] = self._phase_time.get(phase, 0.0) + seconds
-        self._phase_energy[phase] = self._phase_energy.get(phase, 0.0) + energy
-        prev = self._expected.get(phase)
-        self._expected[phase] = seconds if prev is None else prev + _EWMA_DURATION * (seconds - prev)
-        if seconds > 0:
-            self._shortest[phase] = min(seconds, self._shortest.get(phase, math.inf))
+        energy = self._meter.energy_j - self._phase_e0
+        self._book.record(phase, seconds, energy)
         acc = self._loop_acc
         if acc is not None:
             # Idle time is not work (the bound is on work time), its energy is the loop's.
@@ -608,10 +407,7 @@ class GovernorEngine:
             return
         model = self._models.get(phase)
         if model is not None:
-            pred = model.predict(point)
-            err = m.power_w - pred.power_w
-            b = self._bias.get(phase)
-            self._bias[phase] = err if b is None else b + _EWMA_BIAS * (err - b)
+            self._book.update_bias(phase, m.power_w - model.predict(point).power_w)
 
     # -- decide and apply -----------------------------------------------------------------
 
@@ -619,19 +415,19 @@ class GovernorEngine:
         inp = DecisionInput(
             phase=phase,
             domains=MappingProxyType(self.domains),
-            current=MappingProxyType(dict(self._current)),
+            current=MappingProxyType(dict(self._clocks.current)),
             config=self.config,
             model=self._models.get(phase),
             # Switching is judged on how short the phase can be (its run at the top clocks),
             # not on a running mean that a slow point inflates: a domain switched only while
             # the phase runs slowly would flip in and out of the phase's control.
-            expected_phase_s=self._length(phase),
+            expected_phase_s=self._book.length(phase),
             power_cap_w=self.phase_cap(phase),
-            power_bias_w=max(0.0, self._bias.get(phase, 0.0)),
-            power_now_w=self._last_p,
-            locked=frozenset(self._locked),
+            power_bias_w=max(0.0, self._book.bias.get(phase, 0.0)),
+            power_now_w=self._meter.power_w,
+            locked=frozenset(self._clocks.locked),
             tuning_point=tuning_point,
-            successor_expected_s=self._length(self._successor.get(phase)),
+            successor_expected_s=self._book.length(self._successor.get(phase)),
             held=self._held_for(phase),
         )
         decision = decide(inp)
@@ -645,7 +441,7 @@ class GovernorEngine:
         if model is not None and tuning_point is None:
             wanted = model.best or model.center
             self._avoided += sum(1 for d, hz in wanted.items() if d in inp.current and inp.current[d] != hz
-                                 and d not in decision.writes and d not in self._locked)
+                                 and d not in decision.writes and d not in self._clocks.locked)
         self.history.append(decision)
         self._last_decision = decision
         if decision.writes:
@@ -654,58 +450,13 @@ class GovernorEngine:
         return decision
 
     def _apply(self, writes: Mapping[str, int]) -> None:
-        if not writes:
-            return
-        if self.dry_run or self.ungoverned:
-            # Pretend the clocks moved, so the log shows what a real run would do next.
-            self._current.update(writes)
-            return
-        for name, hz in writes.items():
-            before = self._current.get(name)
-            self.domains[name].check(hz)
-            self.port.write(name, hz)
-            self._writes += 1
-            achieved = self.port.read(name)
-            self._current[name] = hz
-            if achieved is None:
-                self._unverified.pop(name, None)
-            elif achieved == hz:
-                # Followed at once when it was a real change; asking for the value it already
-                # shows says nothing either way (an earlier unfollowed write is superseded).
-                if before is not None and before != hz:
-                    self._no_follow[name] = 0
-                self._unverified.pop(name, None)
-            else:
-                # Not there yet: judge it once the grace period has passed (a live twin or a
-                # slow driver applies it later; blocking here would stall the caller). A newer
-                # target supersedes an older one and restarts the wait.
-                self._unverified[name] = (hz, achieved, self.port.now())
+        self._clocks.apply(writes, pretend=self.dry_run or self.ungoverned)
 
     def _verify(self) -> None:
-        """Domains written earlier that had not followed: did they, by now?"""
-        now = self.port.now()
-        for name, (hz, before, since) in list(self._unverified.items()):
-            grace = max(self.config.lock_grace_s, 20.0 * self.domains[name].transition_latency_s)
-            achieved = self.port.read(name)
-            if achieved is not None and achieved != hz and achieved == before and now - since < grace:
-                continue  # not applied yet: give the driver its time
-            del self._unverified[name]
-            if achieved is None or achieved == hz:
-                self._no_follow[name] = 0
-                continue
-            self._current[name] = achieved
-            if achieved == before:
-                self._no_follow[name] = self._no_follow.get(name, 0) + 1
-                if self._no_follow[name] >= _NO_FOLLOW_LIMIT and name not in self._locked:
-                    self._locked.add(name)
-                    # Tuning sweeps that include it would never converge: start them again without it.
-                    for p in [p for p, t in self._tuners.items() if name in t.domains]:
-                        del self._tuners[p]
-                    log.warning(
-                        "governor: frequency lock on %s: wrote %d Hz, it stays at %d Hz "
-                        "(another agent such as nvpmodel owns it); leaving it alone",
-                        name, hz, achieved,
-                    )
+        for name in self._clocks.verify():
+            # Tuning sweeps that include it would never converge: start them again without it.
+            for p in [p for p, t in self._tuners.items() if name in t.domains]:
+                del self._tuners[p]
 
     # -- results ----------------------------------------------------------------------
 
@@ -715,16 +466,16 @@ class GovernorEngine:
 
     @property
     def current(self) -> Mapping[str, int]:
-        return MappingProxyType(dict(self._current))
+        return MappingProxyType(dict(self._clocks.current))
 
     @property
     def locked(self) -> frozenset[str]:
-        return frozenset(self._locked)
+        return frozenset(self._clocks.locked)
 
     @property
     def tuning_done(self) -> bool:
         """Every phase seen (except IDLE) is tuned or too short to tune."""
-        return all(p is Phase.IDLE or p in self._models or p in self._untunable for p in self._expected)
+        return all(p is Phase.IDLE or p in self._models or p in self._untunable for p in self._book.expected)
 
     def models(self) -> Mapping[Phase, PhaseModel]:
         return MappingProxyType(dict(self._models))
@@ -735,33 +486,26 @@ class GovernorEngine:
 
     def statistics(self) -> GovernorStatistics:
         phases = {
-            p: PhaseStatistics(
-                occurrences=self._occ.get(p, 0),
-                total_s=self._phase_time.get(p, 0.0),
-                energy_j=self._phase_energy.get(p, 0.0),
-                expected_s=self._expected.get(p),
-                tuned=p in self._models,
-                tuning=p in self._tuners,
-                untunable=p in self._untunable,
-                power_bias_w=self._bias.get(p, 0.0),
+            p: self._book.statistics(
+                p, tuned=p in self._models, tuning=p in self._tuners, untunable=p in self._untunable
             )
-            for p in sorted(set(self._occ) | set(self._models) | set(self._tuners))
+            for p in sorted(set(self._book.occurrences) | set(self._models) | set(self._tuners))
         }
         return GovernorStatistics(
             phase=self._phase,
             phase_switches=self._switches,
             decisions=self._decisions,
-            writes=self._writes,
+            writes=self._clocks.writes,
             writes_avoided=self._avoided,
             tuning_measurements=self._tune_meas,
             tuned_phases=tuple(sorted(self._models)),
-            locked_domains=tuple(sorted(self._locked)),
+            locked_domains=tuple(sorted(self._clocks.locked)),
             capped_decisions=self._capped,
-            thermal_cap_w=self._thermal_cap,
+            thermal_cap_w=self._guard.cap_w,
             power_cap_w=self.power_cap(),
-            thermal_zone=self._thermal_zone,
+            thermal_zone=self._guard.zone,
             max_predicted_power_w=self._max_pred,
-            energy_j=self._energy,
+            energy_j=self._meter.energy_j,
             dry_run=self.dry_run,
             ungoverned=self.ungoverned,
             restored=self._restored,

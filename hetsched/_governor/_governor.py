@@ -51,8 +51,8 @@ class Governor:
             gov.on_phase(Phase.INFER)
 
     Every knob it may touch (governor, min, max, set-speed, EMC lock) is saved before
-    the first write and restored on normal exit, on exceptions, on cancellation
-    (shielded) and on SIGTERM/SIGINT (restored, then ``SystemExit(143)`` or
+    the first write and restored on normal exit, on exceptions, on cancellation (the
+    restore is synchronous, so no checkpoint can interrupt it) and on SIGTERM/SIGINT (restored, then ``SystemExit(143)`` or
     ``KeyboardInterrupt`` is raised as the default handlers would). Signals are handled
     only when entered from the main thread.
 
@@ -68,10 +68,22 @@ class Governor:
     :param clock: monotonic seconds (injected for tests).
     :param tick_period_s: telemetry period of the async form's thermal-guard task.
     :param handle_signals: restore on SIGTERM/SIGINT (main thread only).
-    :param port: internal: where decisions go (used by :meth:`simulated`).
+    :param port: where decisions go, for a board hetsched has no profile for (or a
+        simulation): any :class:`ClockPort`. It lists the domains it may set
+        (:class:`DomainSpec`: ascending frequency table, transition latency), gives a
+        monotonic ``now()`` and a telemetry ``sample()`` (a :class:`Snapshot` with the
+        board's power, or None), ``save()`` returns every knob ``write()`` may change so
+        that ``restore()`` can put it back, ``write(domain, hz)`` makes the frequency
+        effective (the governor checks ``hz`` against the table first) and ``read(domain)``
+        returns the frequency the domain runs at (None if unknown; a domain that keeps not following writes is
+        reported as frequency-locked and left alone). Its ``soc`` names the board in
+        profiles. When given, ``root`` and ``clock`` are not used. Exceptions the port
+        raises propagate from the call that made it act (``with``, :meth:`on_phase`,
+        :meth:`tick`), except :class:`SysfsPermissionError`, which ``strict=False``
+        turns into a :class:`GovernorWarning` and an ungoverned run.
     :raises GovernorError: an invalid config value.
     :raises ProfileError: the profile is unreadable, malformed or for another board.
-    :raises SysfsError: ``root`` is not a directory.
+    :raises SysfsError: ``root`` is not a directory (without ``port``).
 
     Entering (``with``/``async with``) raises :class:`PowerBudgetError` when the budget is
     below what the profile says is reachable, and :class:`SysfsPermissionError` when the
@@ -294,8 +306,12 @@ class Governor:
                 tg.start_soon(self._ticker)
         except BaseException:
             tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-            with anyio.CancelScope(shield=True):
+            try:
+                # Shielded: an outer cancellation must not cut the wait for the helpers
+                # short (they are cancelled already); the restore follows in any case.
+                with anyio.CancelScope(shield=True):
+                    await tg.__aexit__(None, None, None)
+            finally:
                 self._finish()
             raise
         return self
@@ -315,8 +331,8 @@ class Governor:
             else:
                 suppressed = await tg.__aexit__(exc_type, exc, tb)
         finally:
-            with anyio.CancelScope(shield=True):
-                self._finish()
+            # Synchronous (no checkpoint), so a cancellation cannot interrupt the restore.
+            self._finish()
         if self._signalled is not None:
             raise _exit_for(self._signalled)
         return suppressed
@@ -332,8 +348,7 @@ class Governor:
             async for signum in signals:
                 log.warning("governor: signal %d: restoring clocks", signum)
                 self._signalled = int(signum)
-                with anyio.CancelScope(shield=True):
-                    self._finish()
+                self._finish()  # synchronous: nothing to shield
                 assert self._tg is not None
                 self._tg.cancel_scope.cancel()
                 return

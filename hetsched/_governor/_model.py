@@ -298,7 +298,11 @@ def _search_greedy(
     options: list[list[tuple[int, float, float]]], base_t: float, base_p: float, bound: float, cap: float
 ) -> list[int]:
     """Start from each domain's fastest option; step down whichever saves most energy per second lost."""
-    idx = [min(range(len(o)), key=lambda i, o=o: (o[i][1], -o[i][0])) for o in options]
+
+    def fastest(o: list[tuple[int, float, float]]) -> int:
+        return min(range(len(o)), key=lambda i: (o[i][1], -o[i][0]))
+
+    idx = [fastest(o) for o in options]
 
     def totals(ix: list[int]) -> tuple[float, float]:
         return (base_t + sum(o[i][1] for o, i in zip(options, ix, strict=True)),

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .._errors import SysfsError
+from .._estimators import for_platform
 from .._platform import cpufreq, devfreq
 from .._platform._fs import SysfsRoot
 from .._platform.discovery import discover
@@ -109,7 +110,8 @@ class SysfsPort:
 
     def sample(self) -> Snapshot | None:
         if self._telemetry is None:
-            self._telemetry = Telemetry(self.fs, platform=self.platform, clock=self._clock)
+            estimator = for_platform(self.platform)
+            self._telemetry = Telemetry(self.fs, platform=self.platform, clock=self._clock, estimator=estimator)
         return self._telemetry.sample_once()
 
     def _knobs(self, d: _Domain) -> list[str]:

@@ -23,7 +23,8 @@ so the largest power that keeps ``T(h)`` at or below ``limit`` is::
 
 The governor treats ``P_cap`` like the power budget: it lowers clocks until the
 predicted power fits, before the zone reaches its passive trip, so the kernel never
-has to throttle. Everything here is pure (no I/O).
+has to throttle. Everything here is pure (no I/O); :class:`ThermalGuard` keeps the
+per-zone fits and windows of one governor and the cap they give now.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-__all__ = ["RCFit", "ThermalPrior", "ZoneWindow", "zone_power_cap"]
+if TYPE_CHECKING:
+    from .._snapshot import Snapshot
+    from ._decide import GovernorConfig
+
+__all__ = ["RCFit", "ThermalGuard", "ThermalPrior", "ZoneWindow", "zone_power_cap"]
+
+_REACTIVE_BAND_C = 1.0
 
 
 @dataclass(frozen=True)
@@ -223,3 +231,68 @@ def zone_power_cap(
         if cap is not None and (best is None or cap < best):
             best, who = cap, zone
     return best, who
+
+
+class ThermalGuard:
+    """The fits, windows and trip limits of every zone, and the mean-power cap they give now."""
+
+    def __init__(self, config: GovernorConfig) -> None:
+        self.config = config
+        self.cap_w: float | None = None
+        self.zone: str | None = None
+        """The zone that sets the cap, if any."""
+        self._fits: dict[str, RCFit] = {}
+        self._windows: dict[str, ZoneWindow] = {}
+        self._limits: dict[str, float] = {}
+        self._slopes: dict[str, float] = {}
+
+    def observe(
+        self, t: float, snap: Snapshot, power: float | None, dt: float, *, smooth_w: float | None, phase_s: float
+    ) -> None:
+        """Fit every zone of ``snap`` (taken at ``t``, ``dt`` after the last power sample) and update the cap.
+
+        :param power: the board's power now (None: fits are not updated).
+        :param smooth_w: the smoothed power (the cap's reactive part starts from it).
+        :param phase_s: the expected length of the phase in progress (the horizon is at least that).
+        """
+        for name, zone in snap.zones.items():
+            if zone.passive_trip_c is None or zone.temp_c is None:
+                continue
+            self._limits[name] = zone.passive_trip_c - self.config.thermal_margin_c
+            if power is None:
+                continue
+            if name not in self._fits:
+                self._fits[name] = RCFit.from_prior()
+            self._fits[name] = self._fits[name].with_ambient_ceiling(zone.temp_c)
+            win = self._windows.get(name, ZoneWindow()).add(t, zone.temp_c, power, dt)
+            if win.span_s >= self.config.thermal_window_s:
+                summary = win.summary()
+                if summary is not None:
+                    self._fits[name] = self._fits[name].update(*summary)
+                    self._slopes[name] = summary[0]
+                win = ZoneWindow()
+            self._windows[name] = win
+        self._update_cap(snap, smooth_w, phase_s)
+
+    def _update_cap(self, snap: Snapshot, smooth_w: float | None, phase_s: float) -> None:
+        temps = {n: z.temp_c for n, z in snap.zones.items() if z.temp_c is not None}
+        horizon = max(self.config.thermal_horizon_s, phase_s)
+        cap, zone = zone_power_cap(
+            self._fits, temps, self._limits, horizon_s=horizon, power_now_w=smooth_w,
+            reactive_band_c=_REACTIVE_BAND_C, slopes=self._slopes,
+        )
+        old = self.cap_w
+        if cap is None or cap >= 1e6:
+            # Far from every trip: release the cap only with hysteresis (see below).
+            cap = math.inf
+        if old is None:
+            self.cap_w = None if math.isinf(cap) else cap
+        elif cap < old:
+            self.cap_w = cap
+        elif cap > old * (1.0 + self.config.cap_hysteresis):
+            self.cap_w = None if math.isinf(cap) else cap
+        self.zone = zone if self.cap_w is not None else None
+
+    def pressure(self, max_power_w: float) -> bool:
+        """The cap is below the most the board has drawn (smoothed): the guard is holding it back."""
+        return self.cap_w is not None and self.cap_w < max_power_w

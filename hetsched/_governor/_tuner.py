@@ -232,13 +232,13 @@ class AxisTuner:
 
     def _centre_at(self, seq: float, since: int) -> Measurement | None:
         """The centre's measurement interpolated to measurement ``seq`` (clamped at the ends)."""
-        log = [(q, m) for q, m in zip(self._seq_of.get(self._center, ()), self._samples.get(self._center, ()))
+        log = [(q, m) for q, m in zip(self._seq_of.get(self._center, ()), self._samples.get(self._center, ()), strict=True)
                if q >= since]
         if not log:
             return None
         if seq <= log[0][0]:
             return log[0][1]
-        for (q0, m0), (q1, m1) in zip(log, log[1:]):
+        for (q0, m0), (q1, m1) in zip(log, log[1:], strict=False):
             if q0 <= seq <= q1:
                 w = (seq - q0) / (q1 - q0) if q1 > q0 else 0.0
                 return Measurement(m0.seconds + w * (m1.seconds - m0.seconds), m0.power_w + w * (m1.power_w - m0.power_w))
@@ -247,7 +247,7 @@ class AxisTuner:
     def _corrected(self, point: OperatingPoint, at_center: Measurement, since: int) -> Measurement | None:
         """``point``'s samples since ``since``, as ``at_center`` plus their difference from the
         centre at the time each ran (None if it has none, or the centre none, since then)."""
-        pairs = [(q, m) for q, m in zip(self._seq_of.get(point, ()), self._samples.get(point, ())) if q >= since]
+        pairs = [(q, m) for q, m in zip(self._seq_of.get(point, ()), self._samples.get(point, ()), strict=True) if q >= since]
         if not pairs:
             return None
         dt = dp = 0.0

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -18,7 +19,7 @@ from .graph import GraphIndex
 
 __all__ = ["CostTable", "CostTableStatistics", "NodeCost", "analytic_node_costs", "value_bytes"]
 
-_ELEM_SIZE = {
+_ELEM_SIZE: dict[int, int] = {
     TensorProto.FLOAT: 4, TensorProto.UINT8: 1, TensorProto.INT8: 1, TensorProto.UINT16: 2,
     TensorProto.INT16: 2, TensorProto.INT32: 4, TensorProto.INT64: 8, TensorProto.BOOL: 1,
     TensorProto.FLOAT16: 2, TensorProto.DOUBLE: 8, TensorProto.UINT32: 4, TensorProto.UINT64: 8,
@@ -26,7 +27,7 @@ _ELEM_SIZE = {
 }
 
 # Stage-boundary overhead the analytic model charges for running a unit at all (dispatch,
-# onnxruntime call setup); measured costs replace it.
+# onnxruntime call setup): an assumed prior, not a measurement; measured costs replace it.
 STAGE_OVERHEAD_S = 30e-6
 
 
@@ -167,12 +168,16 @@ class CostTable:
             }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> CostTable:
+    def from_json(cls, data: Mapping[str, Any]) -> CostTable:
+        """A table from :meth:`to_json`'s dict (values of any shape: JSON from disk).
+
+        :raises ProfileError: a key is missing or a value has the wrong shape.
+        """
         try:
-            table = cls(float(data.get("smoothing", 0.1)))  # type: ignore[arg-type]
-            for k, d, v in data["seconds"]:  # type: ignore[union-attr]
+            table = cls(float(data.get("smoothing", 0.1)))
+            for k, d, v in data["seconds"]:
                 table._seconds[(str(k), str(d))] = float(v)
-            for d, f in dict(data.get("factor", {})).items():  # type: ignore[call-overload]
+            for d, f in dict(data.get("factor", {})).items():
                 table._factor[str(d)] = float(f)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProfileError(f"malformed cost table: {exc}") from exc

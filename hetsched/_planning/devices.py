@@ -6,11 +6,13 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from hetsched.backends import Device
 
 from .._errors import DeviceSpecError
+from .._platform._fs import SysfsRoot
+from .._platform.cpufreq import CPU_DIR
+from .._platform.discovery import read_clusters
 
 __all__ = [
     "CpuCluster",
@@ -20,8 +22,11 @@ __all__ = [
     "resolve_devices",
 ]
 
-# Rough per-core throughput used by the analytic cost model until measurements replace
-# it: FLOPs per cycle achieved by onnxruntime's MLAS kernels on a modern core.
+# Priors of the analytic cost model, not measurements: planning only compares devices with
+# them, and measured stage times (CostTable) replace them. 8 fp32 FLOPs per cycle is one
+# 128-bit fused multiply-add pipe (4 lanes x 2 FLOPs; Arm Neon programmer's guide:
+# https://developer.arm.com/documentation/den0018/latest); a clock and a bandwidth are assumed
+# where sysfs gives none.
 _FLOPS_PER_CYCLE = 8.0
 _DEFAULT_FREQ_KHZ = 2_000_000
 _MEM_BW_PER_DEVICE = 1.0e10
@@ -99,63 +104,48 @@ class CpuCluster:
         )
 
 
-def _read(root: Path, rel: str) -> str | None:
-    try:
-        return (root / rel).read_text()
-    except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
-        return None
+def _capacity(fs: SysfsRoot, cpu: int) -> float:
+    cap = fs.read_int(f"{CPU_DIR}/cpu{cpu}/cpu_capacity")
+    return float(cap) if cap is not None and cap >= 0 else 1024.0
 
 
-def discover_cpu_clusters(root: str | os.PathLike[str] = "/") -> list[CpuCluster]:
+def discover_cpu_clusters(root: str | os.PathLike[str] | SysfsRoot = "/") -> list[CpuCluster]:
     """CPU clusters from ``sys/devices/system/cpu`` under ``root``.
 
-    Uses cpufreq policies and their ``related_cpus``, ``cpu_capacity`` and
-    ``topology/cluster_id``; falls back to one cluster of all online CPUs (as on
-    this x86 host without cpufreq). Missing files are absent capabilities.
+    Built on the platform layer's cluster discovery (cpufreq policies and their
+    ``related_cpus``, ``cpu_capacity``), keeping online CPUs only; without cpufreq,
+    groups online CPUs by ``topology/cluster_id``, else one cluster of all of them (as on
+    an x86 host without cpufreq). Missing or unparseable files are absent capabilities.
+
+    :raises SysfsError: ``root`` is not a directory.
+    :raises SysfsPermissionError: a cpufreq file may not be read.
+    :raises DeviceSpecError: the kernel's ``online`` CPU list is malformed.
     """
-    base = Path(root) / "sys/devices/system/cpu"
-    online_text = _read(base, "online")
-    online = parse_cpulist(online_text) if online_text else (host_cpus() if Path(root) == Path("/") else ())
+    fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
+    online_text = fs.read_text(f"{CPU_DIR}/online")
+    online = parse_cpulist(online_text) if online_text else (host_cpus() if fs.is_host_root else ())
     clusters: list[CpuCluster] = []
-    seen: set[int] = set()
-    policies: list[tuple[int, Path]] = []
-    cpufreq = base / "cpufreq"
-    if cpufreq.is_dir():
-        for p in cpufreq.iterdir():
-            m = re.fullmatch(r"policy(\d+)", p.name)
-            if m:
-                policies.append((int(m.group(1)), p))
-    for num, path in sorted(policies):
-        related = _read(path, "related_cpus") or _read(path, "affected_cpus")
-        cpus = tuple(c for c in (parse_cpulist(related) if related else (num,)) if not online or c in online)
+    for info in read_clusters(fs):
+        cpus = tuple(c for c in info.cpus if not online or c in online)
         if not cpus:
             continue
-        max_freq = _read(path, "cpuinfo_max_freq")
-        cap_text = _read(base, f"cpu{cpus[0]}/cpu_capacity")
         clusters.append(
             CpuCluster(
-                policy=num,
+                policy=info.policy,
                 cpus=cpus,
-                capacity=float(cap_text) if cap_text and cap_text.strip().isdigit() else 1024.0,
-                max_freq_khz=int(max_freq) if max_freq and max_freq.strip().isdigit() else None,
+                capacity=float(info.capacity) if info.capacity is not None else 1024.0,
+                max_freq_khz=info.cpuinfo_max_khz,
             )
         )
-        seen.update(cpus)
     if not clusters:
         # No cpufreq: group by topology/cluster_id, else one cluster.
         groups: dict[str, list[int]] = {}
         for c in online:
-            cid = _read(base, f"cpu{c}/topology/cluster_id")
+            cid = fs.read_text(f"{CPU_DIR}/cpu{c}/topology/cluster_id")
             groups.setdefault((cid or "0").strip(), []).append(c)
         for _cid, cpus_l in sorted(groups.items()):
-            cap_text = _read(base, f"cpu{cpus_l[0]}/cpu_capacity")
             clusters.append(
-                CpuCluster(
-                    policy=None,
-                    cpus=tuple(cpus_l),
-                    capacity=float(cap_text) if cap_text and cap_text.strip().isdigit() else 1024.0,
-                    max_freq_khz=None,
-                )
+                CpuCluster(policy=None, cpus=tuple(cpus_l), capacity=_capacity(fs, cpus_l[0]), max_freq_khz=None)
             )
     return _rank(clusters)
 
@@ -177,7 +167,7 @@ def _rank(clusters: list[CpuCluster]) -> list[CpuCluster]:
 def resolve_devices(
     specs: Iterable[str | Device] | str | Device | None,
     *,
-    root: str | os.PathLike[str] = "/",
+    root: str | os.PathLike[str] | SysfsRoot = "/",
     available_cpus: Sequence[int] | None = None,
 ) -> list[Device]:
     """Turn device specs into :class:`Device` objects.

@@ -143,11 +143,10 @@ class GraphIndex:
             order = []
             current: int | None = None
             while by_key:
-                bucket = by_key.get(current) if current is not None else None
-                if not bucket:
+                if current is None or not by_key.get(current):
                     # Switch to the key whose earliest ready node comes first in file order.
                     current = min(by_key, key=lambda k: by_key[k][0])
-                    bucket = by_key[current]
+                bucket = by_key[current]
                 i = heapq.heappop(bucket)
                 if not bucket:
                     del by_key[current]

@@ -1,19 +1,66 @@
-"""Loading ONNX models: from a path, bytes or a ``ModelProto``; checked and shape-inferred."""
+"""Loading ONNX models: from a path, an embedded model name, bytes or a ``ModelProto``; checked
+and shape-inferred.
+
+The embedded models are the ``light_*`` models the onnx wheel ships for its backend tests
+(``onnx/backend/test/data/light``, https://github.com/onnx/onnx/tree/main/onnx/backend/test/data/light).
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import TypeAlias
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from .._errors import InvalidModelError, ModelFormatError, ModelNotFoundError
 
-__all__ = ["ModelSource", "load_model"]
+__all__ = [
+    "EMBEDDED_MODEL_DIR",
+    "ModelSource",
+    "embedded_model",
+    "embedded_model_names",
+    "load_model",
+    "model_path",
+]
 
-ModelSource = Union[str, os.PathLike[str], bytes, onnx.ModelProto]
+ModelSource: TypeAlias = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+EMBEDDED_MODEL_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def embedded_model_names() -> tuple[str, ...]:
+    """Names of the models shipped in the onnx wheel (``light_resnet50``, ``light_squeezenet``, ...)."""
+    return tuple(sorted(p.stem for p in EMBEDDED_MODEL_DIR.glob("light_*.onnx")))
+
+
+def embedded_model(name: str) -> Path:
+    """The file of an embedded model, by name with or without ``light_`` (``squeezenet``).
+
+    :raises ModelNotFoundError: no such embedded model; the message lists those there are.
+    """
+    stem = name if name.startswith("light_") else f"light_{name}"
+    path = EMBEDDED_MODEL_DIR / f"{stem}.onnx"
+    if not path.is_file():
+        raise ModelNotFoundError(
+            f"model {name!r} is neither a file nor an embedded model; embedded: {list(embedded_model_names())}"
+        )
+    return path
+
+
+def model_path(source: str | os.PathLike[str]) -> Path:
+    """The file ``source`` names: a path, or else (a bare name) an embedded model.
+
+    A string that exists, contains a path separator or ends in ``.onnx`` is a path (returned
+    whether or not it exists); anything else is looked up with :func:`embedded_model`.
+
+    :raises ModelNotFoundError: a bare name that is neither a file nor an embedded model.
+    """
+    path = Path(source)
+    if not isinstance(source, str) or path.exists() or os.sep in source or source.endswith(".onnx"):
+        return path
+    return embedded_model(source)
 
 
 def _describe(source: ModelSource) -> str:
@@ -27,11 +74,13 @@ def _describe(source: ModelSource) -> str:
 def load_model(source: ModelSource, *, check: bool = True, infer_shapes: bool = True) -> onnx.ModelProto:
     """Load an ONNX model and return a checked, shape-inferred copy.
 
-    :param source: a filesystem path, serialized bytes, or a ``ModelProto`` (not modified).
+    :param source: a filesystem path, an embedded model name (see :func:`model_path`),
+        serialized bytes, or a ``ModelProto`` (not modified).
     :param check: run ``onnx.checker.check_model``.
     :param infer_shapes: run ONNX shape inference so every intermediate value has a type
         where ONNX can tell (stage boundaries need them).
-    :raises ModelNotFoundError: the path does not exist.
+    :raises ModelNotFoundError: the path does not exist, or a bare name is neither a file
+        nor an embedded model (the message lists the embedded ones).
     :raises ModelFormatError: the bytes are not a serialized ``ModelProto``.
     :raises InvalidModelError: the checker or shape inference rejected the model.
     """
@@ -42,7 +91,7 @@ def load_model(source: ModelSource, *, check: bool = True, infer_shapes: bool = 
         model.CopyFrom(source)
     else:
         if isinstance(source, (str, os.PathLike)):
-            path = Path(source)
+            path = model_path(source)
             if not path.exists():
                 raise ModelNotFoundError(f"model file {name!r} does not exist")
             if path.is_dir():

@@ -64,6 +64,14 @@ def _input_dtypes(index: GraphIndex, names: Sequence[str]) -> list[int | None]:
     return out
 
 
+def _find(parent: list[int], x: int) -> int:
+    """Union-find root of ``x``, halving the path on the way."""
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
 def compute_units(
     index: GraphIndex,
     device_names: Sequence[str],
@@ -116,23 +124,16 @@ def compute_units(
         # Split the run into connected components (union-find on edges inside the run).
         in_run = {v: k for k, v in enumerate(run)}
         parent = list(range(len(run)))
-
-        def find(x: int) -> int:
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
         for k, v in enumerate(run):
             for p in preds[v]:
                 kp = in_run.get(p)
                 if kp is not None:
-                    a, b = find(k), find(kp)
+                    a, b = _find(parent, k), _find(parent, kp)
                     if a != b:
                         parent[max(a, b)] = min(a, b)
         comps: dict[int, list[int]] = {}
         for k, v in enumerate(run):
-            comps.setdefault(find(k), []).append(v)
+            comps.setdefault(_find(parent, k), []).append(v)
         for root in sorted(comps):
             members = comps[root]
             size = max_unit_nodes or len(members)
@@ -163,10 +164,9 @@ def merge_stages(
     order: list[int] = []
     current: str | None = None
     while ready:
-        bucket = ready.get(current) if current is not None else None
-        if not bucket:
+        if current is None or not ready.get(current):
             current = min(ready, key=lambda d: ready[d][0])
-            bucket = ready[current]
+        bucket = ready[current]
         u = heapq.heappop(bucket)
         if not bucket:
             del ready[current]

@@ -29,7 +29,8 @@ from .partition import StageSpec, compute_units, merge_stages
 __all__ = ["Plan", "build_plan", "unit_key"]
 
 # Pricing of a stage boundary between devices. Same memory domain: only dispatch
-# overhead (buffers are shared); across domains: a copy at this bandwidth.
+# overhead (buffers are shared); across domains: a copy at this bandwidth. Both are
+# assumed priors of the analytic model (measured stage times replace the estimates).
 _BOUNDARY_LATENCY_S = 40e-6
 _CROSS_DOMAIN_BPS = 4.0e9
 
@@ -53,11 +54,6 @@ class Plan:
     graph_inputs: tuple[str, ...] = ()
     graph_outputs: tuple[str, ...] = ()
 
-    @property
-    def device_of(self) -> Mapping[str, str]:
-        """Stage name -> device name."""
-        return {s.name: s.device for s in self.stages}
-
     def stage_costs(self) -> dict[int, float]:
         """Expected seconds per stage (sum of its units' costs on its device)."""
         return {
@@ -77,7 +73,7 @@ class Plan:
             rows.append((s.name, s.device, str(len(s.nodes)), str(len(s.units)),
                          ",".join(str(d) for d in s.deps) or "-", f"{costs[s.id] * 1e3:.3f}", top))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 

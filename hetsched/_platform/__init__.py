@@ -8,7 +8,7 @@ object that touches files:
 * :mod:`.cpufreq`, :mod:`.devfreq`, :mod:`.thermal`, :mod:`.power` (INA3221, RAPL),
   :mod:`.jetson` (GPU load, EMC, L4T), :mod:`.rknpu`, :mod:`.procstat`, :mod:`.soc`;
 * :mod:`.discovery` -- :func:`discover` -> :class:`Platform`;
-* :mod:`.telemetry` -- :class:`Telemetry`, the sampler;
+* :mod:`.telemetry` -- :class:`Telemetry`, the sampler (:mod:`.sampleplan`: the files it reads);
 * :mod:`.udev` -- pyudev enumeration and :class:`UdevMonitor` (host root only).
 """
 

@@ -30,7 +30,6 @@ __all__ = [
     "parse_freq_list",
     "parse_governors",
     "parse_setspeed",
-    "policy_dir",
     "read_cur_khz",
     "read_policies",
     "set_governor",
@@ -44,15 +43,20 @@ CPU_DIR = "sys/devices/system/cpu"
 CPUFREQ_DIR = f"{CPU_DIR}/cpufreq"
 
 #: ARM ``CPU part`` -> (core name, ``capacity-dmips-mhz`` as the device trees give it).
+#: Part numbers: Linux ``arch/arm64/include/asm/cputype.h``
+#: (https://github.com/torvalds/linux/blob/master/arch/arm64/include/asm/cputype.h).
+#: Capacities are relative to the SoC's fastest core, which is 1024
+#: (https://www.kernel.org/doc/Documentation/devicetree/bindings/cpu/cpu-capacity.txt);
+#: the little cores' values are those of the Linux device trees named beside them.
 CPU_PARTS: Mapping[int, tuple[str, int]] = {
-    0xD03: ("cortex-a53", 485),
-    0xD05: ("cortex-a55", 530),  # rk3588s.dtsi
+    0xD03: ("cortex-a53", 485),  # arch/arm64/boot/dts/rockchip/rk3399.dtsi (next to A72 = 1024)
+    0xD05: ("cortex-a55", 530),  # arch/arm64/boot/dts/rockchip/rk3588-base.dtsi (next to A76 = 1024)
     0xD07: ("cortex-a57", 1024),
-    0xD08: ("cortex-a72", 1024),
-    0xD0B: ("cortex-a76", 1024),  # rk3588s.dtsi
+    0xD08: ("cortex-a72", 1024),  # rk3399.dtsi
+    0xD0B: ("cortex-a76", 1024),  # rk3588-base.dtsi
     0xD0D: ("cortex-a77", 1024),
     0xD41: ("cortex-a78", 1024),
-    0xD42: ("cortex-a78ae", 1024),  # Orin: all clusters equal
+    0xD42: ("cortex-a78ae", 1024),  # Orin: every cluster is A78AE, so all equal
 }
 
 _RANGE_RE = re.compile(r"^(\d+)-(\d+)$")
@@ -174,10 +178,6 @@ def _fmt_cpus(cpus: Iterable[int]) -> str:
     return ",".join(map(str, cpus))
 
 
-def policy_dir(policy: int) -> str:
-    return f"{CPUFREQ_DIR}/policy{policy}"
-
-
 def _policy_dirs(fs: SysfsRoot) -> list[tuple[str, tuple[int, ...] | None]]:
     """(resolved policy dir, cpus if known from the dir name) for every policy."""
     found: dict[str, tuple[int, ...] | None] = {}
@@ -242,12 +242,20 @@ def read_policies(fs: SysfsRoot, *, cpuinfo: str | None = None) -> list[CpufreqP
                 cpuinfo_max_khz=fs.read_int(f"{path}/cpuinfo_max_freq"),
                 driver=fs.read_str(f"{path}/scaling_driver"),
                 transition_latency_ns=fs.read_int(f"{path}/cpuinfo_transition_latency"),
-                cpu_part=CPU_PARTS[part][0] if part in CPU_PARTS else (f"0x{part:03x}" if part else None),
+                cpu_part=_part_name(part),
                 capacity=fs.read_int(f"{CPU_DIR}/cpu{cpus[0]}/cpu_capacity"),
             )
         )
     raw.sort(key=lambda p: p.policy)
     return _fill_capacity(raw, parts)
+
+
+def _part_name(part: int | None) -> str | None:
+    """Core name of an ARM ``CPU part`` number; the number in hex when unknown."""
+    if part is None or part == 0:
+        return None
+    core = CPU_PARTS.get(part)
+    return core[0] if core is not None else f"0x{part:03x}"
 
 
 def _fill_capacity(policies: list[CpufreqPolicy], parts: Mapping[int, int]) -> list[CpufreqPolicy]:
@@ -258,9 +266,10 @@ def _fill_capacity(policies: list[CpufreqPolicy], parts: Mapping[int, int]) -> l
     for p in policies:
         top = p.cpuinfo_max_khz or (p.available_khz[-1] if p.available_khz else None)
         part = parts.get(p.cpus[0])
-        if top is None or part not in CPU_PARTS:
+        core = CPU_PARTS.get(part) if part is not None else None
+        if top is None or core is None:
             return policies  # not enough data to say anything honest
-        raw[p.policy] = CPU_PARTS[part][1] * top
+        raw[p.policy] = core[1] * top
     best = max(raw.values(), default=0.0)
     if best <= 0:
         return policies

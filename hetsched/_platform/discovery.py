@@ -27,6 +27,7 @@ __all__ = [
     "ZoneInfo",
     "discover",
     "estimated_rail_names",
+    "read_clusters",
 ]
 
 DeviceKind = Literal["gpu", "npu", "memory"]
@@ -51,6 +52,8 @@ class ClusterInfo:
     cpu_part: str | None
     transition_latency_ns: int | None
     path: str
+    cpuinfo_max_khz: int | None = None
+    """Hardware top frequency (``cpuinfo_max_freq``), whatever the current limits."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ class Platform:
         return json.dumps(self.to_dict(), indent=indent)
 
 
-#: RK3588 PMIC rails by domain (regulator names of the Rock 5B / vendor dts, without ``_s0``).
+#: RK3588 PMIC rails by domain: the RK806 regulator names of the Rock 5B device tree without
+#: ``_s0`` (https://github.com/torvalds/linux/blob/master/arch/arm64/boot/dts/rockchip/rk3588-rock-5b.dts).
 _RK3588_RAILS = {
     "cluster0": "vdd_cpu_lit",
     "cluster4": "vdd_cpu_big0",
@@ -187,7 +191,15 @@ def _orin_from_cpus(clusters: tuple[ClusterInfo, ...]) -> str | None:
     return None
 
 
-def _clusters(fs: SysfsRoot) -> tuple[ClusterInfo, ...]:
+def read_clusters(fs: SysfsRoot) -> tuple[ClusterInfo, ...]:
+    """Every CPU cluster (cpufreq policy) under the root, by policy number; ``()`` without cpufreq.
+
+    The one place clusters are discovered (:func:`discover` and
+    :func:`hetsched.discover_cpu_clusters` both build on it).
+
+    :raises SysfsPermissionError: a cpufreq file may not be read.
+    :raises PathOutsideRootError: a link in the tree points outside the root.
+    """
     return tuple(
         ClusterInfo(
             name=p.name,
@@ -203,6 +215,7 @@ def _clusters(fs: SysfsRoot) -> tuple[ClusterInfo, ...]:
             cpu_part=p.cpu_part,
             transition_latency_ns=p.transition_latency_ns,
             path=p.path,
+            cpuinfo_max_khz=p.cpuinfo_max_khz,
         )
         for p in cpufreq.read_policies(fs)
     )
@@ -314,7 +327,7 @@ def discover(root: str | os.PathLike[str] | SysfsRoot = "/") -> Platform:
     compatible = soc.read_compatible(fs)
     release_text = fs.read_text("etc/nv_tegra_release")
     release = jetson.parse_nv_tegra_release(release_text) if release_text else None
-    clusters = _clusters(fs)
+    clusters = read_clusters(fs)
     soc_name = soc.identify_soc(compatible, release_text)
     if soc_name is None and release is not None:
         soc_name = _orin_from_cpus(clusters)

@@ -13,9 +13,8 @@ Layout::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .._errors import PlatformError, UnsupportedFrequencyError
 from ._fs import SysfsRoot
@@ -31,7 +30,6 @@ __all__ = [
     "parse_gpu_load",
     "parse_nv_tegra_release",
     "read_emc",
-    "read_l4t_release",
     "release_emc_rate",
     "set_emc_rate",
 ]
@@ -50,7 +48,8 @@ GPU_LOAD_ALIASES = (
 )
 
 _RELEASE_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
-# L4T major -> JetPack major (35 = JP5, 36 = JP6, 38 = JP7).
+# L4T major -> JetPack major (35 = JP5, 36 = JP6, 38 = JP7), per NVIDIA's release table:
+# https://developer.nvidia.com/embedded/jetpack-archive
 _JETPACK = {32: "4", 34: "5", 35: "5", 36: "6", 38: "7"}
 
 
@@ -92,11 +91,6 @@ def parse_nv_tegra_release(text: str) -> L4TRelease | None:
     """``"# R36 (release), REVISION: 4.3, GCID: ..."`` -> ``L4TRelease(36, "4.3")``; None otherwise."""
     m = _RELEASE_RE.search(text)
     return L4TRelease(int(m.group(1)), m.group(2)) if m else None
-
-
-def read_l4t_release(fs: SysfsRoot) -> L4TRelease | None:
-    text = fs.read_text("etc/nv_tegra_release")
-    return parse_nv_tegra_release(text) if text else None
 
 
 def find_gpu_load_path(fs: SysfsRoot, gpu: DevfreqDevice | None) -> str | None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from ._fs import SysfsRoot
 
-__all__ = ["KNOWN_SOCS", "identify_soc", "parse_compatible", "read_compatible", "read_model", "read_soc"]
-
-KNOWN_SOCS = ("rk3588", "orin-nx", "orin-agx", "orin-nano")
+__all__ = ["identify_soc", "parse_compatible", "read_compatible", "read_model"]
 
 _COMPATIBLE_PATHS = ("proc/device-tree/compatible", "sys/firmware/devicetree/base/compatible")
 _MODEL_PATHS = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
+# Module part numbers (P3767-0000 Orin NX 16GB, -0001 NX 8GB, -0003 Nano 8GB, -0004 Nano 4GB,
+# -0005 Nano devkit module) from the Jetson Linux Developer Guide's module table:
+# https://docs.nvidia.com/jetson/archives/r36.4/DeveloperGuide/IN/QuickStart.html
 _ORIN_NANO_SKUS = ("p3767-0003", "p3767-0004", "p3767-0005")
 _ORIN_NX_SKUS = ("p3767-0000", "p3767-0001")
 
@@ -67,7 +68,3 @@ def read_model(fs: SysfsRoot) -> str | None:
             return model
     return None
 
-
-def read_soc(fs: SysfsRoot) -> str | None:
-    """Identify the SoC under the root (see :func:`identify_soc`)."""
-    return identify_soc(read_compatible(fs), fs.read_text("etc/nv_tegra_release"))

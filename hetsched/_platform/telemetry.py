@@ -32,7 +32,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -40,12 +39,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from .._errors import PlatformError, RuntimeStateError
 from .._snapshot import DomainState, RailState, Snapshot, ZoneState
 from . import power as _power
-from ._fs import ResolvedPath, SysfsRoot
-from .devfreq import parse_load
+from ._fs import SysfsRoot
 from .discovery import Platform, discover
-from .jetson import emc_utilisation
 from .procstat import CpuTimes, parse_proc_stat, utilisation
-from .rknpu import parse_npu_load
+from .sampleplan import compile_plan, decode_int, decode_load
 from .thermal import OFFLINE_MILLIDEG
 
 __all__ = ["Estimator", "Telemetry", "TelemetryStatistics"]
@@ -77,44 +74,6 @@ class TelemetryStatistics:
     """True when some rails come from a model rather than a sensor."""
 
 
-# -- compiled sampling plan -----------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _DomainPlan:
-    name: str
-    kind: Any
-    cur: ResolvedPath | None
-    cur_scale: int
-    min: ResolvedPath | None
-    max: ResolvedPath | None
-    governor: ResolvedPath | None
-    available_hz: tuple[int, ...]
-    cpus: tuple[int, ...]
-    load: ResolvedPath | None
-    load_format: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class _ZonePlan:
-    name: str
-    temp: ResolvedPath | None
-    passive_c: float | None
-    critical_c: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class _RailPlan:
-    name: str
-    kind: str
-    voltage: ResolvedPath | None
-    current: ResolvedPath | None
-    power_mw: ResolvedPath | None
-    energy: ResolvedPath | None
-    max_range_uj: int | None
-    is_total: bool
-
-
 @dataclass(frozen=True, slots=True)
 class _Partial:
     t0: int
@@ -128,18 +87,6 @@ class _Partial:
     total: float | None
 
 
-def _res(fs: SysfsRoot, rel: str | None) -> ResolvedPath | None:
-    if rel is None or not fs.exists(rel):
-        return None
-    return fs.resolve(rel)
-
-
-def _zone_key(type_: str, index: int, seen: set[str]) -> str:
-    key = type_ if type_ not in seen else f"{type_}#{index}"
-    seen.add(key)
-    return key
-
-
 class Telemetry:
     """Samples a board (real or twin) periodically; see the module docstring.
 
@@ -147,7 +94,9 @@ class Telemetry:
     :param period_s: sampling period (> 0).
     :param capacity: ring-buffer length (>= 1).
     :param clock: seconds, monotonic; stamps snapshots and integrates energy.
-    :param estimator: per-rail power model for boards without sensors (see :data:`Estimator`).
+    :param estimator: per-rail power model for boards without sensors (see :data:`Estimator`);
+        without one, rails only a model can fill read ``None``. The platform layer never picks
+        a model itself: ``hetsched._estimators.for_platform(platform)`` is the SoC model's one.
     :param platform: an already discovered :class:`Platform` for this root (skips discovery).
     :raises PlatformError: bad ``period_s`` or ``capacity``.
     :raises SysfsError: the root is not a directory, or discovery failed.
@@ -172,10 +121,8 @@ class Telemetry:
         self.capacity = capacity
         self._clock = clock
         self.platform = platform if platform is not None else discover(self._fs)
-        if estimator is None:
-            estimator = _model_estimator(self.platform)
         self._estimator = estimator
-        self._compile()
+        self._plan = compile_plan(self._fs, self.platform)
         self._ring: deque[Snapshot] = deque(maxlen=capacity)
         self._samples = 0
         self._overruns = 0
@@ -188,83 +135,6 @@ class Telemetry:
         self._energy_j: dict[str, float] = {}
         self._tg: TaskGroup | None = None
         self._new_sample: anyio.Event | None = None
-
-    # -- plan -------------------------------------------------------------------
-
-    def _compile(self) -> None:
-        fs, p = self._fs, self.platform
-        self._proc_stat = _res(fs, "proc/stat")
-        domains: list[_DomainPlan] = []
-        for c in p.cpu_clusters:
-            cur = _res(fs, f"{c.path}/scaling_cur_freq") or _res(fs, f"{c.path}/cpuinfo_cur_freq")
-            domains.append(
-                _DomainPlan(
-                    name=c.name,
-                    kind="cpu",
-                    cur=cur,
-                    cur_scale=1000,
-                    min=_res(fs, f"{c.path}/scaling_min_freq"),
-                    max=_res(fs, f"{c.path}/scaling_max_freq"),
-                    governor=_res(fs, f"{c.path}/scaling_governor"),
-                    available_hz=tuple(k * 1000 for k in c.frequencies_khz),
-                    cpus=c.cpus,
-                    load=None,
-                    load_format=None,
-                )
-            )
-        seen_kinds: set[str] = set()
-        for d in p.devices:
-            # Snapshot domains are named by kind; a second device of a kind keeps its node name.
-            name = d.kind if d.kind not in seen_kinds else f"{d.kind}:{d.name}"
-            seen_kinds.add(d.kind)
-            if d.source == "bpmp":
-                cur, lo, hi = (_res(fs, f"{d.path}/{f}") for f in ("rate", "min_rate", "max_rate"))
-                gov = None
-            else:
-                cur, lo, hi, gov = (
-                    _res(fs, f"{d.path}/{f}") for f in ("cur_freq", "min_freq", "max_freq", "governor")
-                )
-            domains.append(
-                _DomainPlan(
-                    name=name,
-                    kind=d.kind,
-                    cur=cur,
-                    cur_scale=1,
-                    min=lo,
-                    max=hi,
-                    governor=gov,
-                    available_hz=d.frequencies_hz,
-                    cpus=(),
-                    load=_res(fs, d.load_path),
-                    load_format=d.load_format,
-                )
-            )
-        self._domains = tuple(domains)
-        seen: set[str] = set()
-        self._zones = tuple(
-            _ZonePlan(_zone_key(z.type, z.index, seen), _res(fs, f"{z.path}/temp"), z.passive_trip_c, z.critical_trip_c)
-            for z in p.thermal_zones
-        )
-        rails: list[_RailPlan] = []
-        self._estimated_names: tuple[str, ...] = ()
-        for r in p.rails:
-            if r.source == "estimated":
-                continue
-            rails.append(
-                _RailPlan(
-                    name=r.name,
-                    kind=r.kind,
-                    voltage=_res(fs, r.voltage_path),
-                    current=_res(fs, r.current_path),
-                    power_mw=_res(fs, r.power_path),
-                    energy=_res(fs, r.energy_path),
-                    max_range_uj=r.max_energy_range_uj,
-                    is_total=r.is_total,
-                )
-            )
-        self._rails = tuple(rails)
-        self._estimated_names = tuple(r.name for r in p.rails if r.source == "estimated")
-        self._n_cpus = max((c for c in p.cpus), default=-1) + 1
 
     # -- sampling ---------------------------------------------------------------
 
@@ -284,8 +154,8 @@ class Telemetry:
         now = self._clock()
 
         per_cpu: dict[int, float] = {}
-        if self._proc_stat is not None:
-            raw = read(self._proc_stat)
+        if self._plan.proc_stat is not None:
+            raw = read(self._plan.proc_stat)
             if raw is not None:
                 times = parse_proc_stat(raw.decode("ascii", "replace"))
                 if self._prev_times is not None:
@@ -293,17 +163,17 @@ class Telemetry:
                 self._prev_times = times
 
         domains: dict[str, DomainState] = {}
-        for d in self._domains:
-            freq = _int(read(d.cur)) if d.cur is not None else None
+        for d in self._plan.domains:
+            freq = decode_int(read(d.cur)) if d.cur is not None else None
             util: float | None = None
             if d.kind == "cpu":
                 vals = [per_cpu[c] for c in d.cpus if c in per_cpu]
                 util = sum(vals) / len(vals) if vals else None
             elif d.load is not None:
-                util = _load(read(d.load), d.load_format, freq)
+                util = decode_load(read(d.load), d.load_format, freq)
             gov = read(d.governor) if d.governor is not None else None
-            lo = _int(read(d.min)) if d.min is not None else None
-            hi = _int(read(d.max)) if d.max is not None else None
+            lo = decode_int(read(d.min)) if d.min is not None else None
+            hi = decode_int(read(d.max)) if d.max is not None else None
             s = d.cur_scale
             domains[d.name] = DomainState(
                 name=d.name,
@@ -318,18 +188,18 @@ class Telemetry:
             )
 
         zones: dict[str, ZoneState] = {}
-        for z in self._zones:
-            milli = _int(read(z.temp)) if z.temp is not None else None
+        for z in self._plan.zones:
+            milli = decode_int(read(z.temp)) if z.temp is not None else None
             temp = milli / 1000.0 if milli is not None and milli > OFFLINE_MILLIDEG else None
             zones[z.name] = ZoneState(z.name, temp, z.passive_c, z.critical_c)
 
         dt = now - self._prev_t if self._prev_t is not None else None
         powers: dict[str, float | None] = {}
         total: float | None = None
-        for r in self._rails:
+        for r in self._plan.rails:
             watts: float | None = None
             if r.energy is not None:
-                uj = _int(read(r.energy))
+                uj = decode_int(read(r.energy))
                 prev = self._prev_energy_uj.get(r.name)
                 if uj is not None:
                     if prev is not None and dt:
@@ -339,20 +209,20 @@ class Telemetry:
                     self._prev_energy_uj[r.name] = uj
             else:
                 if r.power_mw is not None:
-                    mw = _int(read(r.power_mw))
+                    mw = decode_int(read(r.power_mw))
                     watts = mw / 1000.0 if mw is not None else None
                 if watts is None and r.voltage is not None and r.current is not None:
-                    watts = _power.power_w_from_mv_ma(_int(read(r.voltage)), _int(read(r.current)))
+                    watts = _power.power_w_from_mv_ma(decode_int(read(r.voltage)), decode_int(read(r.current)))
                 self._integrate(r.name, watts, dt)
             powers[r.name] = watts
             if r.is_total and watts is not None:
                 total = watts
 
-        cpu_util = tuple(per_cpu.get(c, 0.0) for c in range(self._n_cpus)) if per_cpu else ()
+        cpu_util = tuple(per_cpu.get(c, 0.0) for c in range(self._plan.n_cpus)) if per_cpu else ()
         rails: dict[str, RailState] = {
             name: RailState(name, w, "measured", self._energy_j.get(name)) for name, w in powers.items()
         }
-        if total is None and self._rails and all(w is not None for w in powers.values()):
+        if total is None and self._plan.rails and all(w is not None for w in powers.values()):
             total = sum(w for w in powers.values() if w is not None)
         self._prev_t = now
         return _Partial(t0, time.perf_counter_ns() - t0, now, domains, zones, cpu_util, rails, dt, total)
@@ -364,7 +234,7 @@ class Telemetry:
         now, rails, dt, total, cpu_util = part.now, part.rails, part.dt, part.total, part.cpu_util
         domains_ro = MappingProxyType(part.domains)
         zones_ro = MappingProxyType(part.zones)
-        if self._estimated_names or self._estimator is not None:
+        if self._plan.estimated_names or self._estimator is not None:
             total = self._estimate(now, domains_ro, zones_ro, cpu_util, rails, dt, total)
 
         snap = Snapshot(
@@ -405,7 +275,7 @@ class Telemetry:
         total: float | None,
     ) -> float | None:
         if self._estimator is None:
-            for name in self._estimated_names:
+            for name in self._plan.estimated_names:
                 rails[name] = RailState(name, None, "estimated", None)
             return total
         partial = Snapshot(
@@ -419,7 +289,7 @@ class Telemetry:
             rails[name] = RailState(name, w, "estimated", self._energy_j.get(name))
             if name in _power.TOTAL_RAIL_NAMES:
                 est_total = w
-        for name in self._estimated_names:
+        for name in self._plan.estimated_names:
             if name not in rails:
                 rails[name] = RailState(name, None, "estimated", self._energy_j.get(name))
         if total is not None:
@@ -456,7 +326,7 @@ class Telemetry:
             overruns=self._overruns,
             flaky_reads=self._fs.statistics().flaky_reads,
             energy_j=self.energy_j(),
-            estimated_power=bool(self._estimated_names) or self._estimator is not None,
+            estimated_power=bool(self._plan.estimated_names) or self._estimator is not None,
         )
 
     # -- async lifecycle --------------------------------------------------------
@@ -521,45 +391,3 @@ class Telemetry:
         event, self._new_sample = self._new_sample, anyio.Event()
         if event is not None:
             event.set()
-
-
-def _int(raw: bytes | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None
-
-
-def _load(raw: bytes | None, fmt: str | None, freq_hz: int | None) -> float | None:
-    if raw is None:
-        return None
-    if fmt == "busy@hz":
-        parsed = parse_load(raw.decode("ascii", "replace"))
-        return parsed[0] / 100.0 if parsed else None
-    if fmt == "permille":
-        v = _int(raw)
-        return min(max(v, 0), 1000) / 1000.0 if v is not None else None
-    if fmt == "rknpu":
-        cores = parse_npu_load(raw.decode("ascii", "replace"))
-        return sum(cores) / len(cores) if cores else None
-    if fmt == "mc_all":
-        return emc_utilisation(_int(raw), freq_hz)
-    return None
-
-
-def _model_estimator(platform: Platform) -> Estimator | None:
-    """The SoC model's estimator when the board lacks power sensors (RK3588) and is known.
-
-    A board with only measured rails, or an unknown SoC, gets None: nothing is made up.
-    """
-    if platform.soc is None or not any(r.source == "estimated" for r in platform.power_rails):
-        return None
-    from hetsched._errors import UnknownSocError
-    from hetsched._twin import power_estimator
-
-    try:
-        return power_estimator(platform.soc)
-    except UnknownSocError:
-        return None

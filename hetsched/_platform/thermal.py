@@ -4,7 +4,6 @@ Layout (kernel ABI)::
 
     sys/class/thermal/thermal_zoneN -> ../../devices/virtual/thermal/thermal_zoneN
     thermal_zoneN/{type, temp, mode, policy, trip_point_K_{temp,type,hyst}}
-    sys/class/thermal/cooling_deviceN/{type, cur_state, max_state}
 
 Fused-off Orin zones (``cv0-2`` on NX/Nano) either fail with ``EAGAIN`` (the
 :class:`~hetsched._platform._fs.SysfsRoot` read returns None) or read
@@ -20,11 +19,9 @@ from ._fs import SysfsRoot
 
 __all__ = [
     "OFFLINE_MILLIDEG",
-    "CoolingDevice",
     "ThermalZone",
     "TripPoint",
     "parse_temp_c",
-    "read_cooling_devices",
     "read_temp_c",
     "read_zones",
     "zone_short_name",
@@ -32,7 +29,8 @@ __all__ = [
 
 THERMAL_CLASS = "sys/class/thermal"
 THERMAL_VIRTUAL = "sys/devices/virtual/thermal"
-#: What tegrastats prints as ``CV0@-256C``: the zone's sensor is fused off.
+#: What tegrastats prints as ``CV0@-256C``: the zone's sensor is fused off (jtop skips it too:
+#: https://github.com/rbonghi/jetson_stats/blob/master/jtop/core/temperature.py).
 OFFLINE_MILLIDEG = -256000
 
 _TRIP_RE = re.compile(r"^trip_point_(\d+)_temp$")
@@ -89,14 +87,6 @@ class ThermalZone:
     def critical_trip_c(self) -> float | None:
         temps = [t.temp_c for t in self.trips if t.type == "critical"]
         return min(temps) if temps else None
-
-
-@dataclass(frozen=True)
-class CoolingDevice:
-    index: int
-    type: str
-    cur_state: int | None
-    max_state: int | None
 
 
 def _zone_dirs(fs: SysfsRoot) -> list[tuple[int, str]]:
@@ -157,20 +147,3 @@ def read_zones(fs: SysfsRoot) -> list[ThermalZone]:
 def read_temp_c(fs: SysfsRoot, zone: ThermalZone) -> float | None:
     """Current temperature in °C, or None (absent, ``EAGAIN``, ``-256000``)."""
     return parse_temp_c(fs.read_text(f"{zone.path}/temp"))
-
-
-def read_cooling_devices(fs: SysfsRoot) -> list[CoolingDevice]:
-    """Cooling devices (``cpufreq-cpu0``, ``devfreq-fb000000.gpu``...) with their states."""
-    out = []
-    for entry in fs.listdir(THERMAL_CLASS):
-        if entry.startswith("cooling_device") and entry[14:].isdigit():
-            path = f"{THERMAL_CLASS}/{entry}"
-            out.append(
-                CoolingDevice(
-                    index=int(entry[14:]),
-                    type=fs.read_str(f"{path}/type") or entry,
-                    cur_state=fs.read_int(f"{path}/cur_state"),
-                    max_state=fs.read_int(f"{path}/max_state"),
-                )
-            )
-    return sorted(out, key=lambda c: c.index)

@@ -100,7 +100,7 @@ class ThermalNetwork:
     def _alphas(self, dt: float) -> list[float]:
         a = self._cache.get(dt)
         if a is None:
-            a = [1.0 - math.exp(-dt * g / c) for g, c in zip(self._g_sum, self._c)]
+            a = [1.0 - math.exp(-dt * g / c) for g, c in zip(self._g_sum, self._c, strict=False)]
             if len(self._cache) > 64:
                 self._cache.clear()
             self._cache[dt] = a
@@ -129,7 +129,7 @@ class ThermalNetwork:
 
     def stored_heat_j(self) -> float:
         """Heat stored above ambient (J)."""
-        return sum(c * (t - self.ambient_c) for c, t in zip(self._c, self.temps))
+        return sum(c * (t - self.ambient_c) for c, t in zip(self._c, self.temps, strict=False))
 
     def settle(self, power_w: Sequence[float], *, seconds: float = 3600.0, dt: float = 1.0) -> None:
         """Run to (near) steady state under constant ``power_w``."""

@@ -8,32 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .profiles import DomainProfile, SocProfile
+from .schema import DomainProfile, SocProfile
 
 __all__ = ["BoardState", "DomainState", "boot_state", "default_governor", "governors_for"]
-
-_RK_DEVFREQ_GOVS = ("rknpu_ondemand", "dmc_ondemand", "userspace", "powersave", "performance", "simple_ondemand")
-_RK_CPU_GOVS = ("interactive", "conservative", "ondemand", "userspace", "powersave", "performance", "schedutil")
-_TEGRA_CPU_GOVS = ("conservative", "ondemand", "userspace", "powersave", "performance", "schedutil")
-_TEGRA_GPU_GOVS = ("nvhost_podgov", "userspace", "performance", "simple_ondemand")
 
 
 def governors_for(profile: SocProfile, dom: DomainProfile) -> tuple[str, ...]:
     """What ``scaling_available_governors`` / ``available_governors`` lists for ``dom``."""
-    if dom.kind == "cpu":
-        return _RK_CPU_GOVS if profile.family == "rockchip" else _TEGRA_CPU_GOVS
-    if profile.family == "rockchip":
-        return _RK_DEVFREQ_GOVS
-    if dom.kind == "gpu":
-        return _TEGRA_GPU_GOVS
-    # Jetson EMC is not devfreq: BPMP picks the rate unless mrq_rate_locked.
-    return ("bpmp", "userspace")
+    return profile.quirks.governors[dom.kind]
 
 
 def default_governor(profile: SocProfile, dom: DomainProfile) -> str:
-    if profile.family == "rockchip":
-        return {"cpu": "ondemand", "gpu": "simple_ondemand", "npu": "rknpu_ondemand", "memory": "dmc_ondemand"}[dom.kind]
-    return {"cpu": "schedutil", "gpu": "nvhost_podgov", "npu": "simple_ondemand", "memory": "bpmp"}[dom.kind]
+    """The governor ``dom`` boots under."""
+    return profile.quirks.default_governors[dom.kind]
 
 
 @dataclass
@@ -88,10 +75,7 @@ def boot_state(profile: SocProfile, variant: str | None = None, *, ambient_c: fl
             min_hz=lo,
             max_hz=d.max_hz,
         )
-    if profile.family == "rockchip":
-        idle_temp = 44.384
-    else:
-        idle_temp = 48.0
+    idle_temp = profile.quirks.boot_temp_c
     temps: list[float | None] = []
     for i, z in enumerate(layout.zones):
         temps.append(None if z.offline else round(idle_temp + 0.5 * i, 3))

@@ -1,7 +1,8 @@
 """Materialise a twin board's sysfs/procfs tree under a root, exactly as the board shows it.
 
-Layouts, units and formats follow ``/work/shared/reference/soc-sysfs.md`` ("Fixture spec"),
-with the kernel's own formatting where the spec abbreviates: cpufreq lists
+Layouts, units and formats follow the kernel ABI (``docs/sources.md``: [kernel-cpufreq],
+[kernel-devfreq-abi], [kernel-thermal-abi], [kernel-hwmon]) and the vendor trees the sources
+describe (``docs/twin-sysfs.md``), with the kernel's own formatting: cpufreq lists
 (``scaling_available_frequencies``, ``related_cpus``, governors) and devfreq lists end in a
 trailing space before the newline; cpufreq is in kHz, devfreq and EMC in Hz, thermal in
 millidegrees C, hwmon in mV/mA/uW. Class entries are *relative* symlinks into
@@ -17,6 +18,10 @@ left *empty*: on a board ``read()`` fails with EAGAIN and Python's buffered ``re
 yields no data; a regular file cannot fail a read, so an empty read is the faithful
 stand-in. Parsers must treat both as "no reading".
 
+The vendor parts live in :mod:`~hetsched._twin.tree_rockchip` and
+:mod:`~hetsched._twin.tree_tegra` (chosen by the profile's ``quirks.sysfs_writer``); the
+low-level file writing in :mod:`~hetsched._twin.tree_files`.
+
 All writes go through :meth:`BoardTree.put`, which writes atomically (temp file +
 ``os.replace``) and remembers the bytes, so a live twin can tell the runtime's writes
 from its own.
@@ -25,20 +30,16 @@ from its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Literal
+from typing import Protocol
 
-from .._errors import PathOutsideRootError, TwinError
-from .profiles import DomainProfile, SocProfile
+from .schema import DomainProfile, SocProfile
 from .state import BoardState, boot_state, governors_for
+from .tree_files import OfflineStyle, TreeFiles, kernel_list, khz
+from .tree_rockchip import RockchipTree
+from .tree_tegra import TegraTree
 
 __all__ = ["BoardTree", "OfflineStyle"]
 
-OfflineStyle = Literal["-256000", "eagain"]
-
-_RK_DEVFREQ_NAMES = {"gpu": "fb000000.gpu", "npu": "fdab0000.npu", "memory": "dmc"}
-_RK_OF_NODES = {"gpu": "gpu@fb000000", "npu": "npu@fdab0000", "memory": "dmc"}
 _GOV_TUNABLES = {
     "ondemand": {"up_threshold": "80", "sampling_rate": "40000", "sampling_down_factor": "1",
                  "ignore_nice_load": "0", "io_is_busy": "0", "powersave_bias": "0"},
@@ -50,16 +51,23 @@ _GOV_TUNABLES = {
 }  # fmt: skip
 
 
-def _khz(hz: int) -> int:
-    return hz // 1000
+class _VendorTree(Protocol):
+    """The vendor part of a board tree (devfreq/EMC domains, sensors, release files)."""
+
+    def devfreq_dir(self, d: DomainProfile) -> tuple[str, str]: ...
+    def domain_static(self, d: DomainProfile) -> None: ...
+    def domain_render(self, d: DomainProfile, state: BoardState) -> None: ...
+    def extras_static(self) -> None: ...
+    def extras_render(self, state: BoardState) -> None: ...
 
 
-def _list(values: Iterator[object] | tuple[object, ...] | list[object]) -> str:
-    # The kernel prints "%u " per entry then "\n": a trailing space.
-    return "".join(f"{v} " for v in values) + "\n"
+_VENDORS: dict[str, type[RockchipTree] | type[TegraTree]] = {
+    "rockchip-bsp": RockchipTree,
+    "tegra-l4t": TegraTree,
+}
 
 
-class BoardTree:
+class BoardTree(TreeFiles):
     """The files of one board under ``root``; renders a :class:`BoardState` into them.
 
     Raises:
@@ -74,70 +82,9 @@ class BoardTree:
         *,
         offline_style: OfflineStyle = "-256000",
     ) -> None:
-        self.root = Path(root).absolute()
-        if self.root.exists() and not self.root.is_dir():
-            raise TwinError(f"twin root {self.root} exists and is not a directory")
-        self.profile = profile
-        self.variant = variant if variant is not None else profile.default_variant
-        self.layout = profile.layout(self.variant)
-        self.offline_style: OfflineStyle = offline_style
-        self._written: dict[Path, bytes] = {}
-        self.knobs: dict[Path, tuple[str, str]] = {}
-        """Writable path -> (domain or "", knob) the live twin watches."""
-        self.dyn: dict[str, Path] = {}
-        self._userspace_dirs: dict[str, Path] = {}
-        self._gov_parent: dict[str, Path] = {}
-
-    # -- low level ------------------------------------------------------------
-
-    def path(self, rel: str) -> Path:
-        p = self.root / rel
-        return p
-
-    def put(self, rel: str | Path, text: str | bytes, mode: int = 0o444) -> Path:
-        """Write ``text`` at ``rel`` (relative to the root) atomically with ``mode``.
-
-        Raises:
-            PathOutsideRootError: ``rel`` escapes the root.
-        """
-        p = rel if isinstance(rel, Path) and rel.is_absolute() else self.root / rel
-        if not os.path.normpath(p).startswith(str(self.root) + os.sep):
-            raise PathOutsideRootError(f"refusing to write {p}: outside twin root {self.root}")
-        data = text.encode() if isinstance(text, str) else text
-        if self._written.get(p) == data and p.exists():
-            return p
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.twin-tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
-        self._written[p] = data
-        return p
-
-    def written(self, p: Path) -> bytes | None:
-        """Bytes the twin itself last wrote at ``p``."""
-        return self._written.get(p)
-
-    def forget(self, p: Path) -> None:
-        self._written.pop(p, None)
-
-    def link(self, rel: str, target_rel: str) -> None:
-        """Relative symlink at ``rel`` pointing at ``target_rel`` (both relative to the root)."""
-        p = self.root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        target = os.path.relpath(self.root / target_rel, p.parent)
-        if p.is_symlink() or p.exists():
-            if p.is_symlink() and os.readlink(p) == target:
-                return
-            p.unlink()
-        os.symlink(target, p)
-
-    def mkdir(self, rel: str, mode: int = 0o755) -> Path:
-        p = self.root / rel
-        p.mkdir(parents=True, exist_ok=True)
-        os.chmod(p, mode)
-        return p
+        super().__init__(root, profile, variant, offline_style=offline_style)
+        self.vendor: _VendorTree = _VENDORS[profile.quirks.sysfs_writer](self)
+        self._hwmon_next = 0
 
     # -- whole tree -------------------------------------------------------------
 
@@ -150,17 +97,10 @@ class BoardTree:
         for d in self.profile.domains:
             if d.kind == "cpu":
                 self._cpufreq_static(d)
-            elif self.profile.family == "rockchip":
-                self._rk_devfreq_static(d)
-            elif d.kind == "gpu":
-                self._tegra_gpu_static(d)
-            elif d.kind == "memory":
-                self._tegra_emc_static(d)
+            else:
+                self.vendor.domain_static(d)
         self._thermal_static()
-        if self.profile.family == "rockchip":
-            self._rk_extras()
-        else:
-            self._tegra_extras()
+        self.vendor.extras_static()
         self.render(state)
         return state
 
@@ -170,22 +110,11 @@ class BoardTree:
         for d in prof.domains:
             if d.kind == "cpu":
                 self._cpufreq_render(d, state)
-            elif prof.family == "rockchip":
-                self._rk_devfreq_render(d, state)
-            elif d.kind == "gpu":
-                self._tegra_gpu_render(d, state)
             else:
-                self._tegra_emc_render(d, state)
+                self.vendor.domain_render(d, state)
         self._thermal_render(state)
         self._proc_stat_render(state)
-        if prof.family == "rockchip":
-            npu = state.domains["npu"]
-            pct = min(100, max(0, round(npu.util * 100)))
-            load = "NPU load: " + "".join(f" Core{i}: {pct:2d}%," for i in range(3)) + "\n"
-            self.put("sys/kernel/debug/rknpu/load", load, 0o400)
-            self.put("sys/kernel/debug/rknpu/freq", f"{npu.cur_hz}\n", 0o400)
-        else:
-            self._ina_render(state)
+        self.vendor.extras_render(state)
 
     # -- common -------------------------------------------------------------------
 
@@ -213,12 +142,12 @@ class BoardTree:
                 self.put(f"{c}/online", "1\n", 0o644)
                 self.put(f"{c}/cpu_capacity", f"{cap}\n")
                 self.link(f"{c}/cpufreq", f"sys/devices/system/cpu/cpufreq/policy{d.cpus[0]}")
-                for s, name in enumerate(("WFI", "c7" if prof.family == "tegra" else "cpu-sleep")):
+                for s, name in enumerate(prof.quirks.cpuidle_states):
                     st = f"{c}/cpuidle/state{s}"
                     self.put(f"{st}/name", f"{name}\n")
                     self.put(f"{st}/disable", "0\n", 0o644)
                 cpuinfo.append(
-                    f"processor\t: {cpu}\nBogoMIPS\t: {'48.00' if prof.family == 'rockchip' else '62.50'}\n"
+                    f"processor\t: {cpu}\nBogoMIPS\t: {prof.quirks.bogomips}\n"
                     "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid "
                     "asimdrdm lrcpc dcpop asimddp\n"
                     "CPU implementer\t: 0x41\nCPU architecture: 8\n"
@@ -229,7 +158,7 @@ class BoardTree:
 
     def _proc_stat_render(self, state: BoardState) -> None:
         rows = state.cpu_jiffies
-        total = [sum(col) for col in zip(*rows)]
+        total = [sum(col) for col in zip(*rows, strict=False)]
         lines = ["cpu  " + " ".join(str(v) for v in total)]
         lines += [f"cpu{i} " + " ".join(str(v) for v in r) for i, r in enumerate(rows)]
         t = int(state.time_s)
@@ -252,15 +181,15 @@ class BoardTree:
     def _cpufreq_static(self, d: DomainProfile) -> None:
         pol = self._policy(d)
         self.mkdir(pol)
-        cpus = _list(d.cpus)
+        cpus = kernel_list(d.cpus)
         self.put(f"{pol}/related_cpus", cpus)
         self.put(f"{pol}/affected_cpus", cpus)
-        self.put(f"{pol}/cpuinfo_min_freq", f"{_khz(d.min_hz)}\n")
-        self.put(f"{pol}/cpuinfo_max_freq", f"{_khz(d.max_hz)}\n")
+        self.put(f"{pol}/cpuinfo_min_freq", f"{khz(d.min_hz)}\n")
+        self.put(f"{pol}/cpuinfo_max_freq", f"{khz(d.max_hz)}\n")
         self.put(f"{pol}/cpuinfo_transition_latency", f"{d.transition_latency_ns}\n")
-        self.put(f"{pol}/scaling_available_frequencies", _list(_khz(o.freq_hz) for o in d.opps))
-        self.put(f"{pol}/scaling_available_governors", _list(governors_for(self.profile, d)))
-        self.put(f"{pol}/scaling_driver", "cpufreq-dt\n" if self.profile.family == "rockchip" else "tegra194\n")
+        self.put(f"{pol}/scaling_available_frequencies", kernel_list(khz(o.freq_hz) for o in d.opps))
+        self.put(f"{pol}/scaling_available_governors", kernel_list(governors_for(self.profile, d)))
+        self.put(f"{pol}/scaling_driver", f"{self.profile.quirks.cpufreq_driver}\n")
         self.put(f"{pol}/stats/reset", "", 0o200)
         for knob in ("scaling_governor", "scaling_min_freq", "scaling_max_freq", "scaling_setspeed"):
             self.knobs[self.path(f"{pol}/{knob}")] = (d.name, knob)
@@ -269,19 +198,19 @@ class BoardTree:
     def _cpufreq_render(self, d: DomainProfile, state: BoardState) -> None:
         ds = state.domains[d.name]
         pol = self._policy(d)
-        cur = _khz(ds.cur_hz)
+        cur = khz(ds.cur_hz)
         self.put(f"{pol}/scaling_cur_freq", f"{cur}\n")
         self.put(f"{pol}/cpuinfo_cur_freq", f"{cur}\n", 0o400)
         self.put(f"{pol}/scaling_governor", f"{ds.governor}\n", 0o644)
         # Since the QoS rework the kernel shows the aggregated limits, thermal caps included.
-        self.put(f"{pol}/scaling_max_freq", f"{_khz(ds.effective_max())}\n", 0o644)
-        self.put(f"{pol}/scaling_min_freq", f"{_khz(min(ds.min_hz, ds.effective_max()))}\n", 0o644)
+        self.put(f"{pol}/scaling_max_freq", f"{khz(ds.effective_max())}\n", 0o644)
+        self.put(f"{pol}/scaling_min_freq", f"{khz(min(ds.min_hz, ds.effective_max()))}\n", 0o644)
         speed = f"{cur}\n" if ds.governor == "userspace" else "<unsupported>\n"
         self.put(f"{pol}/scaling_setspeed", speed, 0o644)
-        tis = "".join(f"{_khz(o.freq_hz)} {int(ds.time_in_state_s.get(o.freq_hz, 0.0) * 100)}\n" for o in d.opps)
+        tis = "".join(f"{khz(o.freq_hz)} {int(ds.time_in_state_s.get(o.freq_hz, 0.0) * 100)}\n" for o in d.opps)
         self.put(f"{pol}/stats/time_in_state", tis)
         self.put(f"{pol}/stats/total_trans", f"{ds.transitions}\n")
-        hdr = "   From  :    To\n         : " + "".join(f"{_khz(o.freq_hz):>10}" for o in d.opps) + "\n"
+        hdr = "   From  :    To\n         : " + "".join(f"{khz(o.freq_hz):>10}" for o in d.opps) + "\n"
         self.put(f"{pol}/stats/trans_table", hdr)
         self._governor_dir(d.name, ds.governor, cpufreq=True)
 
@@ -299,147 +228,6 @@ class BoardTree:
             for k, v in _GOV_TUNABLES[want].items():
                 self.put(parent / want / k, f"{v}\n", 0o644)
 
-    # -- devfreq (Rockchip) --------------------------------------------------------------
-
-    def _devfreq_dir(self, d: DomainProfile) -> tuple[str, str]:
-        if self.profile.family == "rockchip":
-            name = _RK_DEVFREQ_NAMES[d.kind]
-            return name, f"sys/devices/platform/{name}/devfreq/{name}"
-        name = "17000000.gpu" if self.variant == "jp6" else "17000000.ga10b"
-        dev = "sys/devices/platform/bus@0/17000000.gpu" if self.variant == "jp6" else "sys/devices/platform/17000000.ga10b"
-        return name, f"{dev}/devfreq/{name}"
-
-    def _devfreq_common_static(self, d: DomainProfile, name: str, df: str, freqs: list[int], devpath: str) -> None:
-        self.mkdir(df)
-        self.put(f"{df}/available_frequencies", _list(freqs))
-        self.put(f"{df}/available_governors", _list(governors_for(self.profile, d)))
-        self.put(f"{df}/name", f"{name}\n")
-        self.put(f"{df}/trans_stat", "")
-        self.put(f"{df}/uevent", "")
-        self.put(f"{df}/power/control", "auto\n", 0o644)
-        self.put(f"{df}/power/runtime_status", "unsupported\n")
-        self.link(f"{df}/subsystem", "sys/class/devfreq")
-        self.link(f"{df}/device", devpath)
-        self.link(f"sys/class/devfreq/{name}", df)
-        for knob in ("governor", "min_freq", "max_freq"):
-            self.knobs[self.path(f"{df}/{knob}")] = (d.name, knob)
-        self.knobs[self.path(f"{df}/userspace/set_freq")] = (d.name, "set_freq")
-        self._userspace_dirs[d.name] = self.path(f"{df}/userspace")
-        self.dyn[d.name] = self.path(df)
-
-    def _rk_devfreq_static(self, d: DomainProfile) -> None:
-        name, df = self._devfreq_dir(d)
-        dev = f"sys/devices/platform/{name}"
-        freqs = [o.freq_hz for o in d.opps]
-        if d.kind == "gpu":
-            freqs = freqs[::-1]  # kbase fills freq_table from the top OPP down
-        self._devfreq_common_static(d, name, df, freqs, dev)
-        of = f"sys/firmware/devicetree/base/{_RK_OF_NODES[d.kind]}"
-        self.put(f"{of}/name", _RK_OF_NODES[d.kind].split("@")[0] + "\0")
-        self.link(f"{dev}/of_node", of)
-        self.put(f"{dev}/uevent", f"OF_NAME={_RK_OF_NODES[d.kind].split('@')[0]}\n")
-        if d.kind != "npu":
-            self.put(f"{df}/polling_interval", "50\n", 0o644)
-            self.put(f"{df}/timer", "deferrable\n", 0o644)
-        if d.kind == "memory":
-            self.put(f"{df}/upthreshold", "25\n", 0o644)
-            self.put(f"{df}/downdifferential", "20\n", 0o644)
-            self.put(f"{df}/system_status", "0x0\n", 0o644)
-
-    def _devfreq_render(self, d: DomainProfile, state: BoardState, df: Path) -> None:
-        ds = state.domains[d.name]
-        self.put(df / "cur_freq", f"{ds.cur_hz}\n")
-        self.put(df / "target_freq", f"{ds.cur_hz}\n")
-        self.put(df / "governor", f"{ds.governor}\n", 0o644)
-        self.put(df / "min_freq", f"{min(ds.min_hz, ds.effective_max())}\n", 0o644)
-        self.put(df / "max_freq", f"{ds.effective_max()}\n", 0o644)
-        lines = ["     From  :   To\n", "           :" + "".join(f"{o.freq_hz:>11}" for o in d.opps) + "   time(ms)\n"]
-        for o in d.opps:
-            mark = "*" if o.freq_hz == ds.cur_hz else " "
-            lines.append(f"{mark}{o.freq_hz:>10}:" + "".join(f"{0:>11}" for _ in d.opps)
-                         + f"{int(ds.time_in_state_s.get(o.freq_hz, 0.0) * 1000):>11}\n")
-        lines.append(f"Total transition : {ds.transitions}\n")
-        self.put(df / "trans_stat", "".join(lines))
-        udir = self._userspace_dirs[d.name]
-        if ds.governor == "userspace":
-            sf = ds.setspeed_hz if ds.setspeed_hz is not None else ds.cur_hz
-            self.put(udir / "set_freq", f"{sf}\n", 0o644)
-            os.chmod(udir, 0o755)
-        elif udir.exists():
-            # The userspace governor's attribute group goes away with the governor.
-            f = udir / "set_freq"
-            if f.exists():
-                self.forget(f)
-                f.unlink()
-            udir.rmdir()
-
-    def _rk_devfreq_render(self, d: DomainProfile, state: BoardState) -> None:
-        df = self.dyn[d.name]
-        ds = state.domains[d.name]
-        self._devfreq_render(d, state, df)
-        pct = min(100, max(0, round(ds.util * 100)))
-        self.put(df / "load", f"{pct}@{ds.cur_hz}Hz\n")
-        if d.kind == "gpu":
-            self.put("sys/devices/platform/fb000000.gpu/utilisation", f"{pct}\n")
-
-    # -- Jetson GPU / EMC ---------------------------------------------------------------------
-
-    def _tegra_gpu_static(self, d: DomainProfile) -> None:
-        name, df = self._devfreq_dir(d)
-        jp6 = self.variant == "jp6"
-        dev = "sys/devices/platform/bus@0/17000000.gpu" if jp6 else "sys/devices/platform/17000000.ga10b"
-        self._devfreq_common_static(d, name, df, [o.freq_hz for o in d.opps], dev)
-        # Spec form: device L= ../../../17000000.gpu (same target as the relpath).
-        self.put(f"{df}/polling_interval", "25\n", 0o644)
-        self.put(f"{df}/timer", "deferrable\n", 0o644)
-        for f, v in (("railgate_enable", "1"), ("tpc_pg_mask", "0"), ("enable_3d_scaling", "1"),
-                     ("is_railgated", "1"), ("gpu_powered_on", "0")):  # fmt: skip
-            self.put(f"{dev}/{f}", f"{v}\n", 0o644)
-        self.put(f"{dev}/power/control", "auto\n", 0o644)
-        of_name = "gpu" if jp6 else "ga10b"
-        of = "sys/firmware/devicetree/base/bus@0/gpu@17000000" if jp6 else "sys/firmware/devicetree/base/gpu@17000000"
-        self.put(f"{of}/name", of_name + "\0")
-        self.put(f"{of}/compatible", "nvidia,ga10b\0")
-        self.link(f"{dev}/of_node", of)
-        if jp6:
-            self.link("sys/devices/platform/gpu.0", dev)
-            self.link("sys/devices/platform/bus@0/gpu.0", dev)
-        else:
-            self.link("sys/devices/gpu.0", dev)
-            self.link("sys/devices/platform/gpu.0", dev)
-            self.link("sys/devices/17000000.ga10b", dev)
-        self.dyn["gpu_dev"] = self.path(dev)
-
-    def _tegra_gpu_render(self, d: DomainProfile, state: BoardState) -> None:
-        ds = state.domains[d.name]
-        self._devfreq_render(d, state, self.dyn[d.name])
-        dev = self.dyn["gpu_dev"]
-        self.put(dev / "load", f"{min(1000, max(0, round(ds.util * 1000)))}\n")
-        gated = ds.util <= 0.0
-        self.put(dev / "is_railgated", f"{int(gated)}\n", 0o644)
-        self.put(dev / "gpu_powered_on", f"{int(not gated)}\n", 0o644)
-
-    def _tegra_emc_static(self, d: DomainProfile) -> None:
-        self.mkdir("sys/kernel/debug", 0o700)
-        emc = "sys/kernel/debug/bpmp/debug/clk/emc"
-        for p in ("sys/kernel/debug/bpmp", "sys/kernel/debug/bpmp/debug", "sys/kernel/debug/bpmp/debug/clk", emc):
-            self.mkdir(p, 0o700)
-        self.put(f"{emc}/min_rate", f"{d.min_hz}\n", 0o400)
-        self.put(f"{emc}/max_rate", f"{d.max_hz}\n", 0o400)
-        for knob in ("rate", "mrq_rate_locked"):
-            self.knobs[self.path(f"{emc}/{knob}")] = (d.name, knob)
-        self.knobs[self.path("sys/kernel/nvpmodel_emc_cap/emc_iso_cap")] = (d.name, "emc_iso_cap")
-        self.dyn["emc"] = self.path(emc)
-
-    def _tegra_emc_render(self, d: DomainProfile, state: BoardState) -> None:
-        ds = state.domains[d.name]
-        emc = self.dyn["emc"]
-        self.put(emc / "rate", f"{ds.cur_hz}\n", 0o600)
-        self.put(emc / "mrq_rate_locked", f"{int(state.emc_locked)}\n", 0o600)
-        self.put("sys/kernel/nvpmodel_emc_cap/emc_iso_cap", f"{state.emc_iso_cap_hz}\n", 0o644)
-        pct = min(100, max(0, round(ds.util * 100)))
-        self.put("sys/kernel/actmon_avg_activity/mc_all", f"{pct * (ds.cur_hz // 1000)}\n")
-
     # -- thermal --------------------------------------------------------------------------------------
 
     def _cooling_devices(self) -> list[tuple[str, str, int]]:
@@ -455,7 +243,7 @@ class BoardTree:
                 if d.kind == "cpu":
                     typ = f"cpufreq-cpu{d.cpus[0]}"
                 else:
-                    typ = f"devfreq-{self._devfreq_dir(d)[0]}"
+                    typ = f"devfreq-{self.vendor.devfreq_dir(d)[0]}"
                 out.append((a, typ, len(d.opps) - 1))
         return out
 
@@ -475,10 +263,10 @@ class BoardTree:
             self.put(f"{zd}/policy", f"{z.policy}\n", 0o644)
             self.put(f"{zd}/available_policies", "power_allocator user_space step_wise fair_share bang_bang\n")
             self.put(f"{zd}/uevent", "")
-            for ti, t in enumerate(z.trips):
-                self.put(f"{zd}/trip_point_{ti}_temp", f"{int(t.temp_c * 1000)}\n", 0o644)
-                self.put(f"{zd}/trip_point_{ti}_type", f"{t.type}\n")
-                self.put(f"{zd}/trip_point_{ti}_hyst", f"{int(t.hyst_c * 1000)}\n", 0o644)
+            for ti, trip in enumerate(z.trips):
+                self.put(f"{zd}/trip_point_{ti}_temp", f"{int(trip.temp_c * 1000)}\n", 0o644)
+                self.put(f"{zd}/trip_point_{ti}_type", f"{trip.type}\n")
+                self.put(f"{zd}/trip_point_{ti}_hyst", f"{int(trip.hyst_c * 1000)}\n", 0o644)
             if z.sustainable_power_w is not None:
                 sp = int(z.sustainable_power_w * 1000)
                 span = self._ipa_span(zi)
@@ -527,143 +315,3 @@ class BoardTree:
         for i, (a, _, _) in enumerate(self._cooling_devices()):
             self.put(f"sys/devices/virtual/thermal/cooling_device{i}/cur_state",
                      f"{state.cooling_states.get(a, 0)}\n", 0o644)
-
-    # -- board extras -------------------------------------------------------------------------------------------
-
-    def _rk_extras(self) -> None:
-        self.mkdir("sys/kernel/debug", 0o700)
-        self.mkdir("sys/kernel/debug/rknpu", 0o700)
-        self.put("sys/kernel/debug/rknpu/version", "RKNPU driver: v0.9.8\n", 0o400)
-        self.put("sys/kernel/debug/rknpu/power", "on\n", 0o600)
-        self.put("sys/kernel/debug/rknpu/volt", "850000\n", 0o400)
-        self.put("sys/kernel/debug/rknpu/delayms", "2000\n", 0o600)
-        self.put("sys/module/rknpu/version", "0.9.8\n")
-        psy = "sys/devices/platform/feac0000.i2c/i2c-4/4-0022/power_supply/tcpm-source-psy-4-0022"
-        for f, v in (("online", "1"), ("type", "USB"), ("usb_type", "C [PD] PD_PPS"),
-                     ("voltage_now", "20000000"), ("voltage_min", "20000000"), ("voltage_max", "20000000"),
-                     ("current_now", "1500000"), ("current_max", "1500000")):  # fmt: skip
-            self.put(f"{psy}/{f}", f"{v}\n")
-        self.link("sys/class/power_supply/tcpm-source-psy-4-0022", psy)
-
-    def _tegra_extras(self) -> None:
-        prof = self.profile
-        i2c = "sys/devices/platform/bus@0/c240000.i2c/i2c-1"
-        devices = sorted({r.ina_device for r in prof.rails if r.ina_device})
-        hw = 0
-        fan = f"sys/devices/platform/pwm-fan/hwmon/hwmon{hw}"
-        self.put(f"{fan}/name", "pwmfan\n")
-        self.put(f"{fan}/pwm1_enable", "1\n", 0o644)
-        self.link(f"sys/class/hwmon/hwmon{hw}", fan)
-        self.dyn["fan"] = self.path(fan)
-        hw += 1
-        self.dyn["ina"] = self.root  # marker
-        self._ina_dirs: dict[str, Path] = {}
-        for dev in devices:
-            dpath = f"{i2c}/{dev}"
-            self.put(f"{dpath}/name", "ina3221\n")
-            self.put(f"{dpath}/uevent", "DRIVER=ina3221\n")
-            self.link(f"sys/bus/i2c/devices/{dev}", dpath)
-            self.link(f"sys/bus/i2c/drivers/ina3221/{dev}", dpath)
-            hd = f"{dpath}/hwmon/hwmon{hw}"
-            self.link(f"sys/class/hwmon/hwmon{hw}", hd)
-            hw += 1
-            shunt = 5000 if prof.name != "orin-agx" else 2000
-            self.put(f"{hd}/name", "ina3221\n")
-            chans = {r.ina_channel: r for r in prof.rails if r.ina_device == dev}
-            for ch in (1, 2, 3):
-                r = chans.get(ch)
-                self.put(f"{hd}/in{ch}_label", f"{r.name if r else 'NC'}\n")
-                self.put(f"{hd}/shunt{ch}_resistor", f"{shunt}\n", 0o644)
-                self.put(f"{hd}/in{ch}_enable", f"{int(r is not None)}\n", 0o644)
-                for f in ("curr{}_max", "curr{}_crit"):
-                    self.put(f"{hd}/{f.format(ch)}", "7784\n", 0o644)
-                for f in ("curr{}_max_alarm", "curr{}_crit_alarm"):
-                    self.put(f"{hd}/{f.format(ch)}", "0\n")
-            self.put(f"{hd}/in7_label", "sum of shunt voltages\n")
-            self.put(f"{hd}/samples", "512\n", 0o644)
-            self.put(f"{hd}/update_interval", "140\n", 0o644)
-            self._ina_dirs[dev] = self.path(hd)
-        tach = f"sys/devices/platform/pwm-tach/hwmon/hwmon{hw}"
-        self.put(f"{tach}/name", "pwm_tach\n")
-        self.link(f"sys/class/hwmon/hwmon{hw}", tach)
-        self.dyn["tach"] = self.path(tach)
-        self.mkdir("sys/kernel/debug", 0o700)
-        if prof.name == "orin-agx":
-            self.mkdir("sys/kernel/debug/clk", 0o700)
-            for eng, rate in (("nvenc", 115200000), ("nvdec", 115200000), ("nvjpg", 115200000),
-                              ("nvjpg1", 115200000), ("vic", 115200000), ("ofa", 115200000),
-                              ("se", 115200000), ("ape", 233472000), ("dla0_core", 1600000000),
-                              ("dla0_falcon", 844800000), ("dla1_core", 1600000000),
-                              ("dla1_falcon", 844800000), ("pva0_vps", 1152000000),
-                              ("pva0_cpu_axi", 537600000)):  # fmt: skip
-                c = f"sys/kernel/debug/clk/{eng}"
-                self.mkdir(c, 0o700)
-                self.put(f"{c}/clk_enable_count", "0\n", 0o400)
-                self.put(f"{c}/clk_rate", f"{rate}\n", 0o400)
-                self.put(f"{c}/clk_max_rate", "18446744073709551615\n", 0o400)
-                self.put(f"{c}/clk_min_rate", "0\n", 0o400)
-        # Release files.
-        if self.variant == "jp6":
-            rel = "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8 01:49:37 UTC 2025\n"
-        else:
-            rel = "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, DATE: Tue Aug  1 19:57:35 UTC 2023\n"
-        self.put("etc/nv_tegra_release", rel)
-        conf = prof.nvpmodel_conf or "nvpmodel.conf"
-        self.put(f"etc/nvpmodel/{conf}", self._nvpmodel_conf_text(), 0o644)
-        self.link("etc/nvpmodel.conf", f"etc/nvpmodel/{conf}")
-        self.put("var/lib/nvpmodel/status", f"pmode:{prof.nvpmodel_default:04d} fmode:quiet\n", 0o644)
-
-    def _nvpmodel_conf_text(self) -> str:
-        prof = self.profile
-        cpus = [d for d in prof.domains if d.kind == "cpu"]
-        lines = ["# nvpmodel configuration (SoC twin rendering, modes from soc-sysfs.md §2.6 / dvfs.md §6)", ""]
-        lines.append("< PARAM TYPE=FILE NAME=CPU_ONLINE >")
-        for c in range(prof.cpu_count):
-            lines.append(f"CORE_{c} /sys/devices/system/cpu/cpu{c}/online")
-        lines.append("")
-        for i, d in enumerate(cpus):
-            lines.append(f"< PARAM TYPE=CLOCK NAME=CPU_A78_{i} >")
-            lines.append(f"FREQ_TABLE /sys/devices/system/cpu/cpu{d.cpus[0]}/cpufreq/scaling_available_frequencies")
-            lines.append(f"MAX_FREQ /sys/devices/system/cpu/cpu{d.cpus[0]}/cpufreq/scaling_max_freq")
-            lines.append(f"MIN_FREQ /sys/devices/system/cpu/cpu{d.cpus[0]}/cpufreq/scaling_min_freq")
-            lines.append("")
-        gdf = "/" + self._devfreq_dir(prof.domain("gpu"))[1]
-        lines += ["< PARAM TYPE=CLOCK NAME=GPU >", f"FREQ_TABLE {gdf}/available_frequencies",
-                  f"MAX_FREQ {gdf}/max_freq", f"MIN_FREQ {gdf}/min_freq", "",
-                  "< PARAM TYPE=CLOCK NAME=EMC >", "MAX_FREQ /sys/kernel/nvpmodel_emc_cap/emc_iso_cap", ""]
-        for m in prof.nvpmodel:
-            lines.append(f"< POWER_MODEL ID={m.id} NAME={m.name} >")
-            for c in range(prof.cpu_count):
-                lines.append(f"CPU_ONLINE CORE_{c} {int(c < m.cpus_online)}")
-            for i, _ in enumerate(cpus):
-                lines.append(f"CPU_A78_{i} MIN_FREQ 729600")
-                lines.append(f"CPU_A78_{i} MAX_FREQ {m.cpu_max_hz // 1000}")
-            lines.append("GPU MIN_FREQ 0")
-            lines.append(f"GPU MAX_FREQ {m.gpu_max_hz}")
-            lines.append(f"EMC MAX_FREQ {m.emc_max_hz}")
-            lines.append("")
-        lines.append(f"< PM_CONFIG DEFAULT={prof.nvpmodel_default} >")
-        return "\n".join(lines) + "\n"
-
-    def _ina_render(self, state: BoardState) -> None:
-        bus_mv = 5048
-        for dev, hd in getattr(self, "_ina_dirs", {}).items():
-            chans = {r.ina_channel: r for r in self.profile.rails if r.ina_device == dev}
-            shunt_sum = 0
-            for ch in (1, 2, 3):
-                r = chans.get(ch)
-                if r is None:
-                    self.put(hd / f"in{ch}_input", "0\n")
-                    self.put(hd / f"curr{ch}_input", "0\n")
-                    self.put(hd / f"in{ch + 3}_input", "0\n")
-                    continue
-                p = state.rail_power_w.get(r.name, 0.0)
-                ma = round(p * 1e6 / bus_mv)
-                self.put(hd / f"in{ch}_input", f"{bus_mv}\n")
-                self.put(hd / f"curr{ch}_input", f"{ma}\n")
-                shunt_uv = round(ma * (5000 if self.profile.name != "orin-agx" else 2000) / 1000)
-                shunt_sum += shunt_uv
-                self.put(hd / f"in{ch + 3}_input", f"{shunt_uv}\n")
-            self.put(hd / "in7_input", f"{shunt_sum}\n")
-        self.put(self.dyn["fan"] / "pwm1", f"{state.fan_pwm}\n", 0o644)
-        self.put(self.dyn["tach"] / "rpm", f"{round(state.fan_pwm / 255 * 9700)}\n")

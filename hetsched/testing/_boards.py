@@ -27,8 +27,8 @@ def build_board_tree(
 
     The tree is what a freshly booted idle board shows (``sys/``, ``proc/``, ``etc/`` below
     ``root``), rendered by the SoC twin from its profile, so it is consistent: frequencies,
-    temperatures and rail powers come from the same model. Layouts follow
-    ``soc-sysfs.md`` ("Fixture spec").
+    temperatures and rail powers come from the same model. Layouts follow the kernel ABI and
+    the vendor trees ``docs/twin-sysfs.md`` describes (sources in ``docs/sources.md``).
 
     Args:
         soc: ``"rk3588"``, ``"orin-nx"``, ``"orin-agx"`` or ``"orin-nano"``.

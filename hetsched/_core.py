@@ -1,0 +1,338 @@
+"""The session core: the one layer between the callers (``Session.run``, ``ResultStream``) and the
+scheduler.
+
+A :class:`Session` plans, compiles and wires; everything a request goes through once the
+session is open lives here, used the same way by ``run()`` and by streams:
+
+* admission: the session's admission slots (``max_in_flight``; a stream holds a window of them);
+* feed checking and output-name checking;
+* request submission (``execute`` for ``run()``; ``new_request``/``push`` for a stream's
+  requests, which device workers admit themselves);
+* delivery (one copy out of the pool, or zero-copy :class:`~hetsched.Outputs`);
+* the request counters: started / completed / failed / cancelled, and requests in flight
+  with their peak, kept here and nowhere else.
+
+Streams fold their counts in on the event loop (a batch at a time, never per request from a
+worker thread), so the counters cost the fast path nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+
+from ._delivery import Outputs, deliver
+from ._errors import InputError, RuntimeStateError
+from ._events import Event, EventInfo, HookDispatcher, Priority
+from ._feeds import FeedChecker
+from ._runtime._clock import Clock
+from ._runtime._domains import Topology
+from ._runtime._scheduler import Admission, CompletionSink, Request, Scheduler, StageRuntime
+
+__all__ = ["PRIORITIES", "CoreStream", "SessionCore", "priority_value"]
+
+PRIORITIES = frozenset(int(p) for p in Priority)
+
+
+def priority_value(priority: Priority | int) -> int:
+    """``priority`` as the int the scheduler uses.
+
+    :raises ValueError: it is not a :class:`Priority`.
+    """
+    return int(priority if priority in PRIORITIES else Priority(priority))
+
+
+class CoreStream(Protocol):
+    """What the core reads of a registered stream (for ``in_flight`` and its peak)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+class SessionCore:
+    """Admission, feed checks, submission, delivery and request counters of one session.
+
+    Created with its :class:`~hetsched.Session`; :meth:`open` gives it the scheduler and
+    admission bound of an opened session, :meth:`set_stages` the stages of each (re-)plan,
+    :meth:`close` ends it. Every method runs on the session's event loop except
+    :meth:`push` and :meth:`admission_key`, which device workers call too.
+    """
+
+    def __init__(self, dispatch: HookDispatcher, clock: Clock, max_in_flight: int):
+        self.dispatch = dispatch
+        self.clock = clock
+        self.max_in_flight = max_in_flight
+        self.started = 0
+        self.completed = 0
+        self.failed = 0
+        self.cancelled = 0
+        self.bytes_copied = 0
+        """Bytes the core's own delivery copied out of pool buffers (the scheduler counts the rest)."""
+        self._running = 0
+        """``run()`` requests in flight (a stream counts its own: :attr:`CoreStream.in_flight`)."""
+        self._peak = 0
+        self._streams: set[CoreStream] = set()
+        self._ids = itertools.count(1)
+        self._scheduler: Scheduler | None = None
+        self._limiter: Admission | None = None
+        self._feeds: FeedChecker | None = None
+        self._constants: Mapping[str, Any] = {}
+        self._output_source: Mapping[str, int | None] = {}
+        self._outputs: tuple[str, ...] = ()
+        self._shared_memory = True
+        self._open = False
+
+    # -- lifecycle (the Session) ----------------------------------------------------------
+
+    def open(self, scheduler: Scheduler, feeds: FeedChecker, outputs: Sequence[str],
+             constants: Mapping[str, Any]) -> None:
+        """The session opened: requests may be admitted from now on."""
+        self._scheduler = scheduler
+        self._feeds = feeds
+        self._outputs = tuple(outputs)
+        self._constants = constants
+        self._limiter = Admission(self.max_in_flight)
+        self._open = True
+
+    def set_stages(self, stages: Sequence[StageRuntime], output_source: Mapping[str, int | None],
+                   topology: Topology, host: str) -> None:
+        """A (re-)plan's stages: where each output comes from, and whether every stage's
+        memory domain shares memory with the host (no transfers for the loop to drive)."""
+        self._output_source = output_source
+        domains = {st.domain for st in stages} | {host}
+        self._shared_memory = all(topology.shares_memory(a, b) for a in domains for b in domains)
+
+    def close(self) -> None:
+        """No more admissions (the session is closing); slots held now can still be given back."""
+        self._open = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def require_open(self, call: str) -> Scheduler:
+        """The scheduler of the open session.
+
+        :raises RuntimeStateError: the session is not open (the message names ``call``).
+        """
+        sch = self._scheduler
+        if not self._open or sch is None:
+            raise RuntimeStateError(f"Session is not open: use 'async with Session(...)' before {call}")
+        return sch
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def check_feeds(self, feeds: Any) -> dict[str, Any]:
+        """See :meth:`FeedChecker.check`.
+
+        :raises InputError: invalid feeds (names the input).
+        :raises RuntimeStateError: the session was never opened.
+        """
+        checker = self._feeds
+        if checker is None:
+            raise RuntimeStateError("Session is not open: use 'async with Session(...)'")
+        return checker.check(feeds)
+
+    def wanted(self, output_names: Iterable[str] | None) -> tuple[str, ...]:
+        """The outputs a request returns, in order (None = all the model's outputs).
+
+        :raises InputError: an unknown output name.
+        """
+        if output_names is None:
+            return self._outputs
+        wanted = tuple(output_names)
+        source = self._output_source
+        for name in wanted:
+            if name not in source:
+                raise InputError(f"unknown output name {name!r}; the model's outputs are {list(self._outputs)}")
+        return wanted
+
+    # -- admission ------------------------------------------------------------------------
+
+    async def acquire(self) -> None:
+        """One admission slot, waiting first come first served when none is free.
+
+        :raises RuntimeStateError: the session was never opened.
+        """
+        limiter = self._limiter
+        if limiter is None:
+            raise RuntimeStateError("Session is not open: use 'async with Session(...)'")
+        if not limiter.try_acquire():
+            await limiter.acquire()
+
+    def try_acquire(self) -> bool:
+        """One more admission slot if one is free now (never waits)."""
+        limiter = self._limiter
+        return limiter is not None and limiter.try_acquire()
+
+    def release(self, slots: int = 1) -> None:
+        """Give ``slots`` admission slots back."""
+        limiter = self._limiter
+        if limiter is not None:
+            for _ in range(slots):
+                limiter.release()
+
+    @property
+    def slots_in_use(self) -> int:
+        """Admission slots held now (by ``run()`` callers and open streams)."""
+        limiter = self._limiter
+        return limiter.active if limiter is not None else 0
+
+    def worker_threads(self) -> int:
+        """Device worker threads of the open session (at least 1)."""
+        sch = self._scheduler
+        return (sum(w.concurrency for w in sch.unique_workers()) if sch is not None else 0) or 1
+
+    def workers_admit(self) -> bool:
+        """True if a stream's device workers may admit its requests themselves: no tensor
+        crosses memory domains (transfers are driven by the loop) and no hook listens to
+        ``REQUEST_START``/``REQUEST_END`` (they run on the loop)."""
+        listeners = self.dispatch.listeners
+        return (self._shared_memory and not listeners[Event.REQUEST_START]
+                and not listeners[Event.REQUEST_END])
+
+    # -- run() requests -------------------------------------------------------------------
+
+    async def execute(self, feeds: dict[str, Any], wanted: Sequence[str], priority: int,
+                      zero_copy: bool) -> dict[str, Any] | Outputs:
+        """Run one request holding an admission slot the caller acquired; counted here.
+
+        :raises StageExecutionError, TransferError: the request failed.
+        :raises InputError: a wanted output is an optional input that was not fed.
+        """
+        sch = self._scheduler
+        assert sch is not None
+        rid = next(self._ids)
+        self.started += 1
+        self._running += 1
+        self._raise_peak()
+        dispatch = self.dispatch
+        if dispatch.listeners[Event.REQUEST_START]:
+            self.emit(Event.REQUEST_START, request_id=rid, priority=Priority(priority))
+        error: BaseException | None = None
+        try:
+            req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy)
+            await sch.execute(req)
+            result = self.deliver(req, zero_copy)
+            self.completed += 1
+            return result
+        except anyio.get_cancelled_exc_class() as exc:
+            self.cancelled += 1
+            error = exc
+            raise
+        except BaseException as exc:
+            self.failed += 1
+            error = exc
+            raise
+        finally:
+            self._running -= 1
+            if dispatch.listeners[Event.REQUEST_END]:
+                self.emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error)
+
+    def deliver(self, req: Request, zero_copy: bool) -> dict[str, Any] | Outputs:
+        """Close the finished ``req`` and hand its outputs over (see ``hetsched/_delivery.py``).
+
+        :raises InputError: a wanted output is an optional input that was not fed.
+        """
+        sch = self._scheduler
+        assert sch is not None
+        result, copied = deliver(sch.take_outputs(req), zero_copy, self._constants)
+        if copied:
+            self.bytes_copied += copied
+        return result
+
+    # -- stream requests ------------------------------------------------------------------
+
+    def new_request(self, feeds: dict[str, Any], wanted: Sequence[str], priority: int, zero_copy: bool,
+                    sink: CompletionSink) -> Request:
+        """A request for ``sink`` to admit later (:meth:`push`): nobody awaits it, ``sink`` is
+        told when it finishes. Counted as started when the sink folds its admissions in."""
+        sch = self._scheduler
+        assert sch is not None
+        req = sch.new_request(next(self._ids), priority, sch.program(wanted, tuple(feeds)), feeds,
+                              copy_out=not zero_copy, waiter=None)
+        req.sink = sink
+        return req
+
+    def admission_key(self, priority: int) -> float:
+        """The queue key of a request admitted now (any thread): FIFO and aging count from here."""
+        sch = self._scheduler
+        assert sch is not None
+        return sch.admission_key(priority)
+
+    def push(self, req: Request) -> None:
+        """Queue an admitted request's first stages (any thread)."""
+        sch = self._scheduler
+        assert sch is not None
+        sch.push_initial(req)
+
+    def register(self, stream: CoreStream) -> None:
+        self._streams.add(stream)
+
+    def unregister(self, stream: CoreStream) -> None:
+        self._streams.discard(stream)
+
+    def fold(self, started: int = 0, completed: int = 0, failed: int = 0, cancelled: int = 0) -> None:
+        """Count a stream's requests (event loop) and update the peak in flight."""
+        self.started += started
+        self.completed += completed
+        self.failed += failed
+        self.cancelled += cancelled
+        self._raise_peak()
+
+    # -- waking the loop (through the scheduler's event-loop adapter) ---------------------
+
+    def new_waiter(self) -> Any:
+        sch = self._scheduler
+        assert sch is not None
+        return sch.new_waiter()
+
+    def set_waiter(self, waiter: Any) -> None:
+        sch = self._scheduler
+        assert sch is not None
+        sch.set_waiter(waiter)
+
+    async def wait_on(self, waiter: Any) -> None:
+        sch = self._scheduler
+        assert sch is not None
+        await sch.wait_on(waiter)
+
+    def call_soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the event loop soon (any thread; never blocks).
+
+        :raises RuntimeError: the event loop is gone.
+        """
+        sch = self._scheduler
+        assert sch is not None
+        sch.call_soon_threadsafe(fn)
+
+    # -- counters -------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not finished: ``run()`` callers' and every open stream's."""
+        n = self._running
+        for st in self._streams:
+            n += st.in_flight
+        return n
+
+    @property
+    def peak_in_flight(self) -> int:
+        """The most requests in flight at once so far (as seen at admissions on the loop)."""
+        return self._peak
+
+    def _raise_peak(self) -> None:
+        n = self.in_flight if self._streams else self._running
+        if n > self._peak:
+            self._peak = n
+
+    def emit(self, event: Event, **fields: Any) -> None:
+        """Tell the hooks listening to ``event`` (event loop)."""
+        listeners = self.dispatch.listeners[event]
+        if listeners:
+            info = EventInfo(event, self.clock.perf_counter(), **fields)
+            for fn in listeners:
+                fn(info)

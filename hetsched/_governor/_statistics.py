@@ -1,0 +1,54 @@
+"""What a governor reports about itself: frozen snapshots of its counters and state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ._phase import Phase
+
+__all__ = ["GovernorStatistics", "PhaseStatistics"]
+
+
+@dataclass(frozen=True)
+class PhaseStatistics:
+    occurrences: int
+    total_s: float
+    energy_j: float
+    expected_s: float | None
+    tuned: bool
+    tuning: bool
+    untunable: bool
+    """Too short for any domain's transition latency: nothing to tune."""
+    power_bias_w: float
+
+
+@dataclass(frozen=True)
+class GovernorStatistics:
+    """Counters and state of a governor (frozen snapshot)."""
+
+    phase: Phase | None
+    phase_switches: int
+    decisions: int
+    writes: int
+    """Frequency writes issued (0 in dry-run)."""
+    writes_avoided: int
+    """Domain changes not made because the phase was too short for the domain's latency."""
+    tuning_measurements: int
+    tuned_phases: tuple[Phase, ...]
+    locked_domains: tuple[str, ...]
+    """Domains whose clock did not follow writes (frequency lock): reported and left alone."""
+    capped_decisions: int
+    """Decisions where the power budget or the thermal guard lowered the clocks."""
+    thermal_cap_w: float | None
+    power_cap_w: float | None
+    thermal_zone: str | None
+    """The zone that sets the thermal cap, if any."""
+    max_predicted_power_w: float | None
+    energy_j: float
+    """Energy integrated from telemetry since start."""
+    dry_run: bool
+    ungoverned: bool
+    """True when permission was missing and the run went on without writing (``strict=False``)."""
+    restored: bool
+    phases: Mapping[Phase, PhaseStatistics]

@@ -1,0 +1,186 @@
+"""Backing memory of the buffer pools: size classes, shareable slabs, blocks.
+
+Each pool maps its memory in *slabs* of shareable memory: a dma-buf from
+``<root>/dev/dma_heap/<heap>`` where that exists and works, else a memfd
+(``os.memfd_create``), else anonymous memory. A slab is carved into equal blocks of one
+*size class* (see :func:`size_class`). See ``_buffers`` for the whole design.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from .._errors import PlatformError
+
+__all__ = ["ALIGNMENT", "SLAB_BYTES", "size_class"]
+
+ALIGNMENT = 64
+"""Every buffer's data starts on a multiple of this many bytes (a cache line)."""
+
+SLAB_BYTES = 256 * 1024
+"""Size of the shared slab that small size classes are carved from."""
+
+_MAX_HOMES = 4096
+"""Labels whose last block a pool remembers (see BufferPool._pop_free_locked)."""
+
+_U8 = np.dtype(np.uint8)
+
+Backing = Literal["auto", "dma-heap", "memfd", "anonymous"]
+
+
+def size_class(nbytes: int) -> int:
+    """The block size a request of ``nbytes`` is served from (see the module docstring)."""
+    if nbytes <= 256:
+        return 64 if nbytes <= 64 else (nbytes + 63) & ~63
+    step = 1 << ((nbytes - 1).bit_length() - 3)  # a quarter of the power of two below nbytes
+    return (nbytes + step - 1) & ~(step - 1)
+
+
+
+# -- backing memory -------------------------------------------------------------
+
+# struct dma_heap_allocation_data { __u64 len; __u32 fd; __u32 fd_flags; __u64 heap_flags; }
+_DMA_HEAP_DATA = struct.Struct("=QIIQ")
+# _IOWR('H', 0, struct dma_heap_allocation_data)
+_DMA_HEAP_IOCTL_ALLOC = (3 << 30) | (_DMA_HEAP_DATA.size << 16) | (ord("H") << 8) | 0
+
+
+class _MemfdBacking:
+    name = "memfd"
+
+    def __init__(self, label: str) -> None:
+        self._label = f"hetsched:{label}"
+
+    def map(self, size: int) -> tuple[int, mmap.mmap]:
+        fd = os.memfd_create(self._label, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            return fd, mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        pass
+
+
+class _DmaHeapBacking:
+    name = "dma-heap"
+
+    def __init__(self, heap: Path) -> None:
+        self._heap_fd = os.open(heap, os.O_RDWR | os.O_CLOEXEC)
+
+    def map(self, size: int) -> tuple[int, mmap.mmap]:
+        req = bytearray(_DMA_HEAP_DATA.pack(size, 0, os.O_RDWR | os.O_CLOEXEC, 0))
+        fcntl.ioctl(self._heap_fd, _DMA_HEAP_IOCTL_ALLOC, req, True)
+        fd = _DMA_HEAP_DATA.unpack(req)[1]
+        try:
+            return fd, mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def close(self) -> None:
+        os.close(self._heap_fd)
+
+
+class _AnonymousBacking:
+    name = "anonymous"
+
+    def map(self, size: int) -> tuple[int, mmap.mmap]:
+        return -1, mmap.mmap(-1, size)
+
+    def close(self) -> None:
+        pass
+
+
+_BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking
+
+
+def _open_backing(
+    kind: Backing, root: str | os.PathLike[str], heap: str, label: str
+) -> tuple[_BackingImpl, str | None]:
+    """Pick the backing; returns it and, when ``auto`` fell back, why."""
+    why: str | None = None
+    if kind in ("auto", "dma-heap"):
+        path = Path(root, "dev", "dma_heap", heap)
+        if path.exists():
+            backing: _DmaHeapBacking | None = None
+            try:
+                backing = _DmaHeapBacking(path)
+                fd, mm = backing.map(mmap.PAGESIZE)  # probe: a fake or broken heap fails here
+                mm.close()
+                os.close(fd)
+                return backing, None
+            except OSError as exc:
+                if backing is not None:
+                    backing.close()
+                why = f"dma-heap {path} unusable ({exc.strerror or exc})"
+        else:
+            why = f"no dma-heap at {path}"
+        if kind == "dma-heap":
+            raise PlatformError(f"cannot allocate from a dma-buf heap: {why}")
+    if kind in ("auto", "memfd") and hasattr(os, "memfd_create"):
+        return _MemfdBacking(label), why
+    if kind == "memfd":
+        raise PlatformError("os.memfd_create is not available on this platform")
+    return _AnonymousBacking(), why or "memfd_create unavailable"
+
+
+class _Slab:
+    __slots__ = ("base", "carved", "fd", "in_use", "mm", "ptr", "size")
+
+    def __init__(self, fd: int, mm: mmap.mmap, size: int) -> None:
+        self.fd = fd
+        self.mm = mm
+        self.size = size
+        self.base: np.ndarray[Any, np.dtype[np.uint8]] | None = np.frombuffer(mm, dtype=_U8)
+        self.ptr = self.base.ctypes.data
+        self.carved = 0
+        self.in_use = 0
+
+    def unmap(self) -> None:
+        self.base = None
+        try:
+            self.mm.close()
+        except BufferError:
+            # Someone still holds a numpy view: the mapping lives on until that view dies.
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Block:
+    __slots__ = ("data", "free", "offset", "ptr", "size", "slab", "views")
+
+    def __init__(self, slab: _Slab, offset: int, size: int) -> None:
+        assert slab.base is not None
+        self.free = False
+        """In its size class's free list now."""
+        self.slab = slab
+        self.offset = offset
+        self.size = size
+        self.data = slab.base[offset : offset + size]
+        self.ptr = slab.ptr + offset
+        # typed views of this block by (dtype, shape): a recycled block serving the same stage
+        # output again hands out the same view instead of building three new array objects
+        self.views: dict[tuple[np.dtype[Any], tuple[int, ...]], np.ndarray[Any, Any]] = {}
+
+    def view(self, dtype: np.dtype[Any], shape: tuple[int, ...], nbytes: int) -> np.ndarray[Any, Any]:
+        key = (dtype, shape)
+        v = self.views.get(key)
+        if v is None:
+            if len(self.views) >= 8:  # a block serves few shapes; bound the cache anyway
+                self.views.clear()
+            v = self.views[key] = self.data[:nbytes].view(dtype).reshape(shape)
+        return v
+
+

@@ -1,0 +1,124 @@
+"""Request state and admission: one request in flight, and how many may be at once."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import anyio
+
+from ._buffers import TensorBuffer
+from ._program import Program
+
+__all__ = ["MISSING", "Admission", "CompletionSink", "Request"]
+
+MISSING: Any = object()
+"""A wanted value nobody produced (``Request`` values lookup default)."""
+
+
+class CompletionSink(Protocol):
+    """Told when a request finishes (or fails) instead of waking a waiting task (a stream)."""
+
+    def request_finished(self, req: Request) -> None:
+        """``req`` is done or closed. Called from any thread (a device worker's included);
+        must not block."""
+        ...
+
+
+class Admission:
+    """At most ``limit`` requests admitted at once; the others wait, first come first served.
+
+    Event-loop only. Admission with room left costs no event-loop round trip (an anyio
+    ``Semaphore`` checkpoints on the way in), which matters at a few microseconds a request.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active = 0
+        self.peak = 0
+        self._waiters: deque[anyio.Event] = deque()
+
+    def try_acquire(self) -> bool:
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            if self.active > self.peak:
+                self.peak = self.active
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Wait for a slot (a checkpoint only when it has to wait)."""
+        if self.try_acquire():
+            return
+        ev = anyio.Event()
+        self._waiters.append(ev)
+        try:
+            await ev.wait()
+        except BaseException:
+            try:
+                self._waiters.remove(ev)
+            except ValueError:
+                self.release()  # the slot was handed to us already: pass it on
+            raise
+
+    def release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # hand the slot over; ``active`` stays counted
+        else:
+            self.active -= 1
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+
+class Request:
+    """One request in flight: its values, readiness counters and the references it owes."""
+
+    __slots__ = ("closed", "copy_out", "done", "error", "event", "key", "lock", "missing", "owed", "priority",
+                 "program", "remaining", "result", "rid", "running", "sink", "vals", "work")
+
+    def __init__(self, rid: int, priority: int, key: float, program: Program, feeds: Mapping[str, Any], waiter: Any,
+                 copy_out: bool = True):
+        self.rid = rid
+        self.priority = priority
+        self.key = key
+        self.program = program
+        self.vals: dict[Any, Any] = dict(feeds)
+        self.missing = list(program.missing0)
+        self.owed: dict[TensorBuffer, int] = {}
+        self.lock = threading.Lock()
+        self.running = 0
+        self.remaining = program.n_tasks
+        self.closed = False
+        self.done = program.n_tasks == 0
+        self.error: BaseException | None = None
+        self.work: list[tuple[str, str]] = []
+        self.event = waiter  # the loop module's waiter (see _loops): None for a sink's requests
+        self.copy_out = copy_out
+        self.result: list[tuple[str, Any]] | None = None
+        self.sink: CompletionSink | None = None
+        """Told when the request finishes instead of a waiting task (the stream that admitted it)."""
+
+    def drop_locked(self, buf: TensorBuffer, n: int = 1) -> None:
+        """Release ``n`` of the references this request owes on ``buf`` (none twice)."""
+        owed = self.owed.get(buf)
+        if not owed:
+            return
+        n = min(n, owed)
+        if owed == n:
+            del self.owed[buf]
+        else:
+            self.owed[buf] = owed - n
+        for _ in range(n):
+            buf.release()
+
+    def finalize_locked(self) -> None:
+        """Release every reference still owed (the request is closed and nothing of it runs)."""
+        owed, self.owed = self.owed, {}
+        for buf, n in owed.items():
+            for _ in range(n):
+                buf.release()
+

@@ -1,0 +1,180 @@
+"""Device workers: the threads that run stages, one heap of queued stages per worker group.
+
+Each worker thread knows who it is (:class:`WorkerInfo`: its device, its index among the
+device's threads, the cores it is pinned to) and keeps the per-worker state of the stages it
+runs that ask for one (a backend's ``worker_state`` hook: one RKNN context per NPU core, one
+TensorRT execution context per thread), created on the thread before the stage's first run
+there and closed on the thread when the worker stops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .._platform.affinity import pin_current_thread
+
+if TYPE_CHECKING:
+    from ._program import StageRuntime
+    from ._requests import Request
+
+__all__ = ["DeviceWorkers", "WorkerHost", "WorkerInfo"]
+
+_NO_STATE: Any = object()
+
+
+class WorkerHost(Protocol):
+    """What the workers need of the scheduler (read on every pop: plain attributes)."""
+
+    @property
+    def _seq(self) -> Iterator[int]: ...
+
+    _deferred: list[Request]
+    """Finished requests whose wake-up is deferred; while not empty, a worker calls
+    :meth:`flush_deferred` after each pop and each stage."""
+
+    def run_stage(self, req: Request, st: StageRuntime, worker: DeviceWorkers) -> None: ...
+
+    def flush_deferred(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """Who a worker thread is; handed to a stage's ``worker_state`` hook.
+
+    Room for more of what a worker owns (an NPU core, a CUDA stream) as backends need it.
+    """
+
+    device: str
+    """The worker's name: its device, or the devices sharing it joined by ``+``."""
+    index: int
+    """Which of the device's worker threads (``0 .. concurrency - 1``)."""
+    cpus: tuple[int, ...]
+    """The cores the thread is pinned to (empty: not pinned)."""
+    devices: tuple[str, ...] = ()
+    """Every device whose stages this worker runs (CPU devices on the same cores share one)."""
+
+
+class DeviceWorkers:
+    """The worker thread(s) of one device (or of CPU devices on the same cores), fed by one heap.
+
+    The heap is guarded by a plain lock; sleeping workers wait on a ``queue.SimpleQueue`` of
+    wake-up tokens, one per pushed stage (a C-level blocking get: a ``threading.Condition``
+    costs tens of microseconds of Python per hand-off with the caches cold after a stage).
+
+    """
+
+    def __init__(self, devices: Sequence[str], cpu_sets: Sequence[tuple[int, ...]], scheduler: WorkerHost):
+        self.devices = tuple(devices)
+        self.name = "+".join(devices)
+        self._scheduler = scheduler
+        self._heap: list[tuple[float, int, Request, StageRuntime]] = []
+        self._lock = threading.Lock()
+        self._tokens: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._seq = scheduler._seq
+        self._stopping = False
+        self._local = threading.local()
+        self.infos = tuple(WorkerInfo(self.name, i, tuple(cpus), self.devices) for i, cpus in enumerate(cpu_sets))
+        self._threads = [
+            threading.Thread(target=self._main, args=(info,), name=f"hetsched-{self.name}"
+                             + (f"-{info.index}" if len(cpu_sets) > 1 else ""), daemon=True)
+            for info in self.infos
+        ]
+        self.runs = 0
+
+    @property
+    def concurrency(self) -> int:
+        return len(self._threads)
+
+    @property
+    def queued(self) -> int:
+        return len(self._heap)
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def push(self, req: Request, st: StageRuntime) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (req.key, next(self._seq), req, st))
+        self._tokens.put(True)
+
+    def stop(self) -> None:
+        self._stopping = True
+        for _ in self._threads:
+            self._tokens.put(False)
+
+    def drain(self) -> list[Request]:
+        """After :meth:`join`: the requests whose stages were still queued (never to run now)."""
+        with self._lock:
+            left, self._heap = self._heap, []
+        return list({id(r): r for _, _, r, _ in left}.values())
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    def state_for(self, st: StageRuntime) -> object:
+        """This worker thread's state for stage ``st`` (worker thread only), created on first use
+        by ``st.compiled.worker_state(info)``.
+
+        :raises Exception: whatever ``worker_state`` raised (the run fails; the next run of the
+            stage on this thread tries again).
+        """
+        states: dict[StageRuntime, object] = self._local.states
+        state = states.get(st, _NO_STATE)
+        if state is _NO_STATE:
+            state = states[st] = st.compiled.worker_state(self._local.info)
+        return state
+
+    def _close_states(self) -> None:
+        """Close this thread's per-worker states (worker thread, as it stops).
+
+        :raises Exception: the first error a ``close_worker_state`` raised, after every state
+            was closed (reported by ``threading.excepthook``; the other workers stop normally).
+        """
+        states: dict[StageRuntime, object] = self._local.states
+        first: BaseException | None = None
+        while states:
+            st, state = states.popitem()
+            close = getattr(st.compiled, "close_worker_state", None)
+            if close is None:
+                continue
+            try:
+                close(state)
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _main(self, info: WorkerInfo) -> None:
+        pin_current_thread(info.cpus)
+        self._local.info = info
+        self._local.states = {}
+        try:
+            self._serve()
+        finally:
+            self._close_states()
+
+    def _serve(self) -> None:
+        sched = self._scheduler
+        run = sched.run_stage
+        lock = self._lock
+        heap = self._heap
+        pop = heapq.heappop
+        get = self._tokens.get
+        while True:
+            if not get() or self._stopping:
+                return  # stages still queued are failed by the scheduler (see Scheduler.abort)
+            with lock:
+                # one token per pushed stage, so the heap is not empty; the most urgent goes first
+                _, _, req, st = pop(heap)
+            if sched._deferred:
+                sched.flush_deferred()  # this queue may have run short: refill it meanwhile
+            run(req, st, self)
+            if sched._deferred:
+                sched.flush_deferred()
