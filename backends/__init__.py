@@ -23,6 +23,7 @@ from ._base import (
     DeviceKind,
     OpRule,
     TensorSpec,
+    WorkerInfo,
     WorkerStateStage,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceKind",
     "OpRule",
     "TensorSpec",
+    "WorkerInfo",
     "WorkerStateStage",
     "get_backend",
     "register_backend",

@@ -43,6 +43,7 @@ __all__ = [
     "DeviceKind",
     "OpRule",
     "TensorSpec",
+    "WorkerInfo",
     "WorkerStateStage",
 ]
 
@@ -175,6 +176,23 @@ class BindableStage(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """Who a device worker thread is; handed to a stage's ``worker_state`` hook.
+
+    Room for more of what a worker owns (an NPU core, a CUDA stream) as backends need it.
+    """
+
+    device: str
+    """The worker's name: its device, or the devices sharing it joined by ``+``."""
+    index: int
+    """Which of the device's worker threads (``0 .. concurrency - 1``)."""
+    cpus: tuple[int, ...]
+    """The cores the thread is pinned to (empty: not pinned)."""
+    devices: tuple[str, ...] = ()
+    """Every device whose stages this worker runs (CPU devices on the same cores share one)."""
+
+
 @runtime_checkable
 class WorkerStateStage(Protocol):
     """Optional: a compiled stage that keeps state per device worker thread.
@@ -184,8 +202,8 @@ class WorkerStateStage(Protocol):
     ``run(feeds, state=s)`` and, for a :class:`BindableStage`, ``run_into(feeds, outputs, state=s)``.
     """
 
-    def worker_state(self, worker: Any) -> object:
-        """Make this stage's state for one worker thread (``worker``: a ``WorkerInfo`` with
+    def worker_state(self, worker: WorkerInfo) -> object:
+        """Make this stage's state for one worker thread (``worker``: a :class:`WorkerInfo` with
         ``device``, ``index``, ``cpus``), called once on that thread before its first run of
         the stage. An exception fails that run; the next run on that thread calls it again."""
         ...

@@ -41,11 +41,11 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
-from hetsched.backends.cpu import CpuBackend
-from hetsched.policies import Pinned
 
 from hetsched import Device, Session, load_model
+from hetsched.backends.cpu import CpuBackend
 from hetsched.lowlevel import GraphIndex, extract_stage
+from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import cheapest_cuts, folded, random_feeds  # noqa: E402

@@ -35,10 +35,10 @@ from typing import Any
 
 import anyio
 import numpy as np
-from hetsched.policies import Pinned
 
 from hetsched import Device, Priority, Session
 from hetsched.lowlevel import Topology, rate_limited_copy
+from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import folded, random_feeds  # noqa: E402

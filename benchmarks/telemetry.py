@@ -25,13 +25,13 @@ from typing import Any
 
 def bench_sample(soc: str, samples: int) -> dict[str, Any]:
     from hetsched import Telemetry, discover
-    from hetsched.lowlevel import for_platform
+    from hetsched.lowlevel import power_estimator_for
     from hetsched.testing import build_board_tree
 
     with tempfile.TemporaryDirectory(prefix=f"hetsched-bench-{soc}-") as root:
         build_board_tree(root, soc)
         platform = discover(root)
-        tm = Telemetry(root, capacity=64, platform=platform, estimator=for_platform(platform))
+        tm = Telemetry(root, capacity=64, platform=platform, estimator=power_estimator_for(platform))
         for _ in range(20):  # warm caches (dentries, bytecode)
             tm.sample_once()
         times = []

@@ -60,11 +60,11 @@ from typing import Any
 
 import anyio
 import onnxruntime as ort
-from hetsched.backends.cpu import CpuBackend
-from hetsched.policies import Pinned
 
 from hetsched import Device, Session
+from hetsched.backends.cpu import CpuBackend
 from hetsched.lowlevel import pin_current_thread
+from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import folded, random_feeds  # noqa: E402

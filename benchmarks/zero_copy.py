@@ -35,9 +35,9 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
-from hetsched.policies import Pinned
 
 from hetsched import Device, EventInfo, Hooks, Session
+from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _light import folded, random_feeds  # noqa: E402

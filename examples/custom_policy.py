@@ -13,9 +13,9 @@ from pathlib import Path
 import anyio
 import numpy as np
 import onnx
-from hetsched.policies import DeviceState, Placement, PlacementProblem
 
 import hetsched
+from hetsched.policies import DeviceState, Placement, PlacementProblem
 
 MODEL = Path(onnx.__file__).parent / "backend/test/data/light/light_squeezenet.onnx"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import anyio
 import numpy as np
 import onnx
-from hetsched.backends.sim import clock_from_root, twin_devices
 
 import hetsched
-from hetsched.lowlevel import for_platform
+from hetsched.backends.sim import clock_from_root, twin_devices
+from hetsched.lowlevel import power_estimator_for
 
 MODEL = Path(onnx.__file__).parent / "backend/test/data/light/light_squeezenet.onnx"
 
@@ -31,7 +31,7 @@ async def main(soc: str) -> None:
             print(f"board under {root}: soc={platform.soc}, clusters="
                   f"{[c.cpus for c in platform.cpu_clusters]}, devices={[d.name for d in platform.devices]}")
             devices = twin_devices(platform.soc or soc, clock=clock_from_root(root))
-            estimator = for_platform(platform)  # the SoC's power model: the RK3588 has no sensor
+            estimator = power_estimator_for(platform)  # the SoC's power model: the RK3588 has no sensor
             async with hetsched.Telemetry(root, period_s=0.05, estimator=estimator) as telemetry:
                 async with hetsched.Session(MODEL, devices=devices, root=root, max_unit_nodes=8) as s:
                     print(s.plan.table())

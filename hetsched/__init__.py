@@ -47,6 +47,7 @@ from ._errors import SysfsPermissionError as SysfsPermissionError
 from ._errors import TransferError as TransferError
 from ._errors import TwinError as TwinError
 from ._errors import UnknownSocError as UnknownSocError
+from ._errors import UnsupportedEventLoopError as UnsupportedEventLoopError
 from ._errors import UnsupportedFrequencyError as UnsupportedFrequencyError
 from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
 
@@ -224,6 +225,7 @@ __all__ = (
     "UdevEvent",
     "UdevMonitor",
     "UnknownSocError",
+    "UnsupportedEventLoopError",
     "UnsupportedFrequencyError",
     "UnsupportedGovernorError",
     "ZoneInfo",

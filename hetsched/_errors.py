@@ -18,6 +18,7 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     │   ├── CompileError                a stage could not be compiled for its device
     │   └── StageExecutionError         a stage failed at run time (names stage and device)
     ├── RuntimeStateError               (+ RuntimeError) session used outside ``async with``/after close
+    │   └── UnsupportedEventLoopError   the running event loop is neither asyncio nor trio
     ├── BufferStateError                (+ RuntimeError) illegal buffer lifecycle transition / refcount
     │   └── BufferLeakError             buffers still referenced at session close
     ├── TransferError                   a copy between memory domains failed
@@ -71,6 +72,7 @@ __all__ = [
     "TwinError",
     "UnknownSocError",
     "UnsupportedFrequencyError",
+    "UnsupportedEventLoopError",
     "UnsupportedGovernorError",
 ]
 
@@ -163,6 +165,14 @@ class StageExecutionError(BackendError):
 
 class RuntimeStateError(HetschedError, RuntimeError):
     """A Session (or pool, engine) was used before ``async with`` entered it or after it closed."""
+
+
+class UnsupportedEventLoopError(RuntimeStateError):
+    """A session was entered on an event loop hetsched has no loop module for.
+
+    Raised by ``async with Session(...)`` (the scheduler picks the loop module of the running
+    loop); hetsched runs on asyncio and trio (through anyio).
+    """
 
 
 class BufferStateError(HetschedError, RuntimeError):

@@ -2,7 +2,7 @@
 
 :class:`hetsched._platform.Telemetry` reads a board and never imports a model; whoever
 builds one for a known SoC (``hetsched top``, the governor's board port, benchmarks)
-asks :func:`for_platform` and passes the result as ``estimator=``. This module sits
+asks :func:`power_estimator_for` and passes the result as ``estimator=``. This module sits
 above both layers, so the real-board layer does not depend on the simulator.
 """
 
@@ -12,10 +12,10 @@ from ._errors import UnknownSocError
 from ._platform.discovery import Platform
 from ._platform.telemetry import Estimator
 
-__all__ = ["for_platform"]
+__all__ = ["power_estimator_for"]
 
 
-def for_platform(platform: Platform) -> Estimator | None:
+def power_estimator_for(platform: Platform) -> Estimator | None:
     """The SoC model's estimator when the board lacks power sensors (RK3588) and its SoC is known.
 
     A board with only measured rails, or an unknown SoC, gets ``None``: nothing is made up,

@@ -6,7 +6,7 @@ benchmarks and tests that work below a session (as ``trio.lowlevel`` and ``anyio
 are): memory and copies (``BufferPool`` ... ``rate_limited_copy``), the planning primitives a
 session is built from (``GraphIndex``, ``build_plan``, ``extract_stage``) and the governor's
 coordinate-descent tuner (``AxisTuner``), and the SoC power model a :class:`hetsched.Telemetry`
-needs on a board without power sensors (``for_platform``)::
+needs on a board without power sensors (``power_estimator_for``)::
 
     from hetsched.lowlevel import BufferPool, MemoryDomain, MemoryKind
 
@@ -17,7 +17,7 @@ needs on a board without power sensors (``for_platform``)::
 The classes show as ``hetsched.lowlevel.X`` in reprs and docs.
 """
 
-from ._estimators import for_platform as for_platform
+from ._estimators import power_estimator_for as power_estimator_for
 from ._governor import AxisTuner as AxisTuner
 from ._planning.graph import GraphIndex as GraphIndex
 from ._planning.partition import extract_stage as extract_stage
@@ -36,26 +36,30 @@ from ._runtime import Topology as Topology
 from ._runtime import TransferEngine as TransferEngine
 from ._runtime import TransferStatistics as TransferStatistics
 from ._runtime import rate_limited_copy as rate_limited_copy
+from ._runtime._clock import Clock as Clock
+from ._runtime._clock import SystemClock as SystemClock
 
 __all__ = (
     "AxisTuner",
     "BufferPool",
     "BufferState",
     "ChannelStatistics",
+    "Clock",
     "GraphIndex",
     "LeakedBuffer",
     "MemoryDomain",
     "MemoryKind",
     "PoolStatistics",
     "SharedHandle",
+    "SystemClock",
     "TensorBuffer",
     "Topology",
     "TransferEngine",
     "TransferStatistics",
     "build_plan",
     "extract_stage",
-    "for_platform",
     "pin_current_thread",
+    "power_estimator_for",
     "rate_limited_copy",
 )
 

@@ -8,13 +8,13 @@ import anyio
 import numpy as np
 import onnx
 import onnxruntime as ort
-from hetsched.policies import Pinned, RandomPolicy
 from onnx import TensorProto, helper
 
 from hetsched import Session, resolve_devices
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model
 from hetsched._planning.plan import Plan, build_plan
+from hetsched.policies import Pinned, RandomPolicy
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 F = TensorProto.FLOAT

@@ -17,9 +17,9 @@ import warnings
 import onnx.backend.test
 import onnxruntime.backend as ort_backend
 import pytest
-from hetsched.policies import RandomPolicy
 
 from hetsched.onnx_backend import backend_for
+from hetsched.policies import RandomPolicy
 
 pytestmark = pytest.mark.conformance
 

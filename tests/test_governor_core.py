@@ -7,7 +7,6 @@ import math
 from types import MappingProxyType
 
 import pytest
-from _governor_fakes import domains
 
 from hetsched import GovernorError, PowerBudgetError, ProfileError, UnsupportedFrequencyError
 from hetsched._governor import (
@@ -30,6 +29,8 @@ from hetsched._governor import (
     zone_power_cap,
 )
 from hetsched._governor._thermal import ZoneWindow
+
+from _governor_fakes import domains
 
 MHZ = 1_000_000
 
@@ -350,9 +351,9 @@ def test_profile_unreadable_not_json_or_other_board(tmp_path) -> None:  # type: 
 
 
 def test_power_budget_error_when_profile_cannot_fit() -> None:
-    from _governor_fakes import TableBoard, additive_table
-
     from hetsched._governor import GovernorEngine
+
+    from _governor_fakes import TableBoard, additive_table
 
     board = TableBoard(additive_table({}, {"cluster0": 0.5, "gpu": 3.0, "memory": 0.5}))
     prof = _profile()

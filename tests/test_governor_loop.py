@@ -6,7 +6,6 @@ import json
 from types import MappingProxyType
 
 import pytest
-from _governor_fakes import TableBoard, additive_table
 
 from hetsched import GovernorError, ProfileError
 from hetsched._governor import (
@@ -20,6 +19,8 @@ from hetsched._governor import (
     PhaseModel,
     decide,
 )
+
+from _governor_fakes import TableBoard, additive_table
 
 MHZ = 1_000_000
 FRAME_S = 1 / 30

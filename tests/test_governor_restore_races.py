@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from _governor_fakes import TableBoard, additive_table
 from test_governor_sysfs import Live, knobs
 
 from hetsched import RuntimeStateError
 from hetsched._governor import Governor, GovernorEngine, Phase
+
+from _governor_fakes import TableBoard, additive_table
 
 
 def _table():  # type: ignore[no-untyped-def]

@@ -6,7 +6,6 @@ import itertools
 from collections.abc import Mapping
 
 import pytest
-from _governor_fakes import TableBoard, additive_table, domains
 
 from hetsched._governor import (
     AxisTuner,
@@ -17,6 +16,8 @@ from hetsched._governor import (
     Phase,
 )
 from hetsched._governor._model import Measurement
+
+from _governor_fakes import TableBoard, additive_table, domains
 
 MHZ = 1_000_000
 

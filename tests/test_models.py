@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hetsched.policies import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
 
 from hetsched import ModelNotFoundError, Session, load_model
 from hetsched._planning.model import embedded_model, embedded_model_names, model_path
+from hetsched.policies import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = ["squeezenet", "resnet50", "shufflenet", "inception_v1", "densenet121"]

@@ -8,6 +8,16 @@ import anyio
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
+
+from hetsched import PartitionError, resolve_devices
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.model import load_model
+from hetsched._planning.partition import compute_units, extract_stage
+from hetsched._planning.plan import build_plan
+from hetsched.backends import Capabilities
+from hetsched.policies import Pinned
+
 from _partition_models import (
     DEVICES,
     F,
@@ -19,15 +29,6 @@ from _partition_models import (
     session_outputs,
     vi,
 )
-from hetsched.backends import Capabilities
-from hetsched.policies import Pinned
-from onnx import TensorProto, helper
-
-from hetsched import PartitionError, resolve_devices
-from hetsched._planning.graph import GraphIndex
-from hetsched._planning.model import load_model
-from hetsched._planning.partition import compute_units, extract_stage
-from hetsched._planning.plan import build_plan
 
 # -- nested graphs reading outer-scope values ---------------------------------------------------
 

@@ -8,15 +8,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from _partition_models import (
-    F,
-    alternating,
-    onnx_model,
-    run_ort,
-    vi,
-)
-from hetsched.backends import Capabilities
-from hetsched.policies import Pinned, RandomPolicy
 from onnx import TensorProto, helper
 
 from hetsched import resolve_devices
@@ -24,6 +15,16 @@ from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model
 from hetsched._planning.partition import constant_nodes, extract_stage
 from hetsched._planning.plan import Plan, build_plan
+from hetsched.backends import Capabilities
+from hetsched.policies import Pinned, RandomPolicy
+
+from _partition_models import (
+    F,
+    alternating,
+    onnx_model,
+    run_ort,
+    vi,
+)
 
 # -- property: random DAGs, random placements --------------------------------------------------
 

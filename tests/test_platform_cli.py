@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from _platform_trees import orin_nx_tree, rk3588_tree, write_tree
 
 from hetsched._cli import main
+
+from _platform_trees import orin_nx_tree, rk3588_tree, write_tree
 
 
 def _info_json(capsys: pytest.CaptureFixture[str], root: Path | str) -> dict:

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
 
 from hetsched._errors import GovernorError, SysfsError, UnsupportedFrequencyError, UnsupportedGovernorError
 from hetsched._platform import SysfsRoot, cpufreq, devfreq, discover, jetson, power, rknpu, thermal
+
+from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
 
 # -- readers on reference trees ---------------------------------------------------
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import anyio
 import pytest
-from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
 
 from hetsched import PlatformError, RuntimeStateError
-from hetsched._estimators import for_platform
+from hetsched._estimators import power_estimator_for
 from hetsched._platform import SysfsRoot, Telemetry, discover
 from hetsched._snapshot import Snapshot
+
+from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
 
 
 class FakeClock:
@@ -35,7 +36,7 @@ def test_rk3588_values_follow_the_tree(tmp_path: Path) -> None:
     root = write_tree(tmp_path, rk3588_tree())
     (root / "proc/stat").write_text(_stat([1000] * 8, [9000] * 8))
     clock = FakeClock()
-    tm = Telemetry(root, clock=clock, capacity=4, estimator=for_platform(discover(root)))
+    tm = Telemetry(root, clock=clock, capacity=4, estimator=power_estimator_for(discover(root)))
     s1 = tm.sample_once()
     assert s1.soc == "rk3588" and s1.cpu_utilisation == ()  # no delta yet
     assert set(s1.domains) == {"cluster0", "cluster4", "cluster6", "gpu", "npu", "memory"}
@@ -170,14 +171,14 @@ def test_without_an_estimator_unmeasured_rails_read_none(tmp_path: Path) -> None
 
 def test_for_platform_gives_the_soc_model_only_where_no_sensor_measures(tmp_path: Path) -> None:
     rk = discover(write_tree(tmp_path / "rk", rk3588_tree()))
-    estimator = for_platform(rk)
+    estimator = power_estimator_for(rk)
     assert estimator is not None
     tm = Telemetry(rk.root, platform=rk, clock=FakeClock(), estimator=estimator)
     assert tm.sample_once().rails["vdd_cpu_big0"].power_w > 0  # type: ignore[operator]
-    assert for_platform(discover(write_tree(tmp_path / "orin", orin_nx_tree()))) is None  # INA3221 measures
-    assert for_platform(replace(rk, soc="pentium")) is None  # no model of that SoC: nothing made up
+    assert power_estimator_for(discover(write_tree(tmp_path / "orin", orin_nx_tree()))) is None  # INA3221 measures
+    assert power_estimator_for(replace(rk, soc="pentium")) is None  # no model of that SoC: nothing made up
     (tmp_path / "empty").mkdir()
-    assert for_platform(discover(tmp_path / "empty")) is None  # no SoC at all
+    assert power_estimator_for(discover(tmp_path / "empty")) is None  # no SoC at all
 
 
 def test_bad_parameters(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import hetsched.policies as policies_mod
 import pytest
+
+import hetsched.policies as policies_mod
+from hetsched import PlacementError
 from hetsched.policies import (
     HEFT,
     DeviceState,
@@ -23,8 +25,6 @@ from hetsched.policies import (
     get_policy,
     validate_placement,
 )
-
-from hetsched import PlacementError
 
 
 def _problem(

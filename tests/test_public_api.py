@@ -9,11 +9,10 @@ import re
 import types
 from pathlib import Path
 
-import hetsched.backends
-import hetsched.policies
-
 import hetsched
 import hetsched._errors as errors
+import hetsched.backends
+import hetsched.policies
 
 ROOT = Path(__file__).resolve().parent.parent
 

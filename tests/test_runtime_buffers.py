@@ -11,15 +11,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from _models import make_model as _model
-from _models import reshape_model
-from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import BufferLeakError, EventInfo, Hooks, RuntimeStateError, Session, StageExecutionError
 from hetsched._delivery import Outputs
 from hetsched._runtime import BufferState
 from hetsched._runtime._scheduler import StageIO
+from hetsched.policies import Pinned
+
+from _models import make_model as _model
+from _models import reshape_model
 
 F = TensorProto.FLOAT
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]

@@ -12,11 +12,11 @@ import anyio.lowlevel
 import numpy as np
 import onnx
 import pytest
-from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import Device, EventInfo, Hooks, Priority, Session
 from hetsched._runtime._clock import VirtualClock
+from hetsched.policies import Pinned
 
 F = TensorProto.FLOAT
 

@@ -9,11 +9,11 @@ import anyio
 import numpy as np
 import onnx
 import pytest
-from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import Device, Event, EventInfo, Hooks, Priority, Session, TransferError
 from hetsched._runtime import MemoryDomain, MemoryKind, Topology, TransferInfo, rate_limited_copy
+from hetsched.policies import Pinned
 
 F = TensorProto.FLOAT
 ROWS, COLS = 512, 512  # 1 MiB of float32 crossing each boundary

@@ -17,12 +17,12 @@ import anyio
 import numpy as np
 import onnx
 import pytest
-from hetsched.backends import Capabilities, CompiledStage, register_backend, unregister_backend
-from hetsched.backends.cpu import CpuBackend
 from onnx import TensorProto, helper
 
 from hetsched import Device, Session, StageExecutionError
 from hetsched._runtime._scheduler import WorkerInfo
+from hetsched.backends import Capabilities, CompiledStage, register_backend, unregister_backend
+from hetsched.backends.cpu import CpuBackend
 
 F = TensorProto.FLOAT
 _FAIL = 666.0

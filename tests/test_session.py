@@ -12,9 +12,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from _models import make_model as _model
-from _models import reshape_model
-from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 import hetsched
@@ -34,6 +31,10 @@ from hetsched import (
 )
 from hetsched._events import HookDispatcher
 from hetsched._planning.plan import unit_key
+from hetsched.policies import Pinned
+
+from _models import make_model as _model
+from _models import reshape_model
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 F = TensorProto.FLOAT

@@ -10,11 +10,12 @@ import anyio
 import numpy as np
 import onnx
 import pytest
-from _models import make_model
 from onnx import TensorProto, helper
 
 from hetsched import BufferLeakError, Device, Event, EventInfo, Hooks, Session
 from hetsched._runtime._clock import VirtualClock
+
+from _models import make_model
 
 PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]
 

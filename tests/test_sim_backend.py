@@ -6,11 +6,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hetsched.backends import get_backend
-from hetsched.backends.sim import OP_SETS, clock_from_root, twin_devices
 from onnx import TensorProto, helper
 
 from hetsched import Session
+from hetsched.backends import get_backend
+from hetsched.backends.sim import OP_SETS, clock_from_root, twin_devices
 from hetsched.testing import build_board_tree
 
 pytestmark = pytest.mark.anyio

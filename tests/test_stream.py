@@ -12,9 +12,6 @@ import anyio
 import numpy as np
 import onnx
 import pytest
-from _models import make_model as _model
-from _models import reshape_model
-from hetsched.policies import Pinned
 from onnx import TensorProto, helper
 
 from hetsched import (
@@ -29,6 +26,10 @@ from hetsched import (
     Session,
     StageExecutionError,
 )
+from hetsched.policies import Pinned
+
+from _models import make_model as _model
+from _models import reshape_model
 
 F = TensorProto.FLOAT
 PER_CORE = [Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hetsched.backends import get_backend
 from onnx import TensorProto, helper
 
 import hetsched
+from hetsched.backends import get_backend
 from hetsched.testing import FakeBackend, fake_device
 
 pytestmark = pytest.mark.anyio

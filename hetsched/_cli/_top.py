@@ -99,14 +99,14 @@ def format_frame(snap: Any, *, root: str, interval: float) -> str:
 
 
 async def _top(args: argparse.Namespace, out: TextIO) -> int:
-    from hetsched._estimators import for_platform
+    from hetsched._estimators import power_estimator_for
     from hetsched._platform.discovery import discover
     from hetsched._platform.telemetry import Telemetry
 
     tty = out.isatty()
     platform = discover(args.root)
     telemetry = Telemetry(
-        args.root, period_s=args.interval, capacity=8, platform=platform, estimator=for_platform(platform)
+        args.root, period_s=args.interval, capacity=8, platform=platform, estimator=power_estimator_for(platform)
     )
     async with telemetry as tm:
         snap = tm.latest()

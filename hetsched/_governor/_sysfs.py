@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .._errors import SysfsError
-from .._estimators import for_platform
+from .._estimators import power_estimator_for
 from .._platform import cpufreq, devfreq
 from .._platform._fs import SysfsRoot
 from .._platform.discovery import discover
@@ -110,7 +110,7 @@ class SysfsPort:
 
     def sample(self) -> Snapshot | None:
         if self._telemetry is None:
-            estimator = for_platform(self.platform)
+            estimator = power_estimator_for(self.platform)
             self._telemetry = Telemetry(self.fs, platform=self.platform, clock=self._clock, estimator=estimator)
         return self._telemetry.sample_once()
 

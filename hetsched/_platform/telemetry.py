@@ -96,7 +96,7 @@ class Telemetry:
     :param clock: seconds, monotonic; stamps snapshots and integrates energy.
     :param estimator: per-rail power model for boards without sensors (see :data:`Estimator`);
         without one, rails only a model can fill read ``None``. The platform layer never picks
-        a model itself: ``hetsched._estimators.for_platform(platform)`` is the SoC model's one.
+        a model itself: ``hetsched._estimators.power_estimator_for(platform)`` is the SoC model's one.
     :param platform: an already discovered :class:`Platform` for this root (skips discovery).
     :raises PlatformError: bad ``period_s`` or ``capacity``.
     :raises SysfsError: the root is not a directory, or discovery failed.

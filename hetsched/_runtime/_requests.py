@@ -37,14 +37,11 @@ class Admission:
     def __init__(self, limit: int):
         self.limit = limit
         self.active = 0
-        self.peak = 0
         self._waiters: deque[anyio.Event] = deque()
 
     def try_acquire(self) -> bool:
         if self.active < self.limit and not self._waiters:
             self.active += 1
-            if self.active > self.peak:
-                self.peak = self.active
             return True
         return False
 

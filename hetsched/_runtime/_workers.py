@@ -13,8 +13,9 @@ import heapq
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from hetsched.backends._base import WorkerInfo
 
 from .._platform.affinity import pin_current_thread
 
@@ -42,21 +43,6 @@ class WorkerHost(Protocol):
     def flush_deferred(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """Who a worker thread is; handed to a stage's ``worker_state`` hook.
-
-    Room for more of what a worker owns (an NPU core, a CUDA stream) as backends need it.
-    """
-
-    device: str
-    """The worker's name: its device, or the devices sharing it joined by ``+``."""
-    index: int
-    """Which of the device's worker threads (``0 .. concurrency - 1``)."""
-    cpus: tuple[int, ...]
-    """The cores the thread is pinned to (empty: not pinned)."""
-    devices: tuple[str, ...] = ()
-    """Every device whose stages this worker runs (CPU devices on the same cores share one)."""
 
 
 class DeviceWorkers:

@@ -4,8 +4,12 @@
   temporary root (JP5/JP6 naming variants for Orin, vendor/mainline zone names for RK3588);
 * :class:`FakeBackend`, :func:`fake_device` -- a backend that runs stages with onnx's
   pure-numpy reference evaluator (or your handler) and records what ran where;
-* :func:`dvfs_knobs` -- every clock knob under a root as bytes, to check a restore.
+* :func:`dvfs_knobs` -- every clock knob under a root as bytes, to check a restore;
+* :class:`VirtualClock` -- a clock that moves only when the test advances it
+  (``Session(clock=VirtualClock())``), so what depends on elapsed time is decided by the test.
 """
+
+from hetsched._runtime._clock import VirtualClock
 
 from ._boards import BOARD_SOCS, build_board_tree
 from ._fakes import FakeBackend, FakeCall, FakeStage, fake_device
@@ -17,6 +21,7 @@ __all__ = [
     "FakeBackend",
     "FakeCall",
     "FakeStage",
+    "VirtualClock",
     "build_board_tree",
     "dvfs_knobs",
     "fake_device",

@@ -29,6 +29,8 @@ from importlib import import_module
 from types import ModuleType
 from typing import Any, Protocol, cast
 
+from ..._errors import UnsupportedEventLoopError
+
 __all__ = ["LoopAdapter", "UnsupportedEventLoopError", "current_loop_adapter", "current_loop_name", "get_loop_adapter"]
 
 
@@ -42,10 +44,6 @@ class LoopAdapter(Protocol):
     def wait(self, waiter: Any) -> Awaitable[None]: ...
 
     def current_call_soon(self) -> Callable[..., object]: ...
-
-
-class UnsupportedEventLoopError(RuntimeError):
-    """No loop module for the running event loop (hetsched supports asyncio and trio)."""
 
 
 @cache
