@@ -44,6 +44,7 @@ from ._errors import RuntimeStateError as RuntimeStateError
 from ._errors import StageExecutionError as StageExecutionError
 from ._errors import SysfsError as SysfsError
 from ._errors import SysfsPermissionError as SysfsPermissionError
+from ._errors import ToolkitWorkerError as ToolkitWorkerError
 from ._errors import TransferError as TransferError
 from ._errors import TwinError as TwinError
 from ._errors import UnknownSocError as UnknownSocError
@@ -218,6 +219,7 @@ __all__ = (
     "SysfsRoot",
     "Telemetry",
     "TelemetryStatistics",
+    "ToolkitWorkerError",
     "TransferError",
     "TransferInfo",
     "TripInfo",

@@ -16,6 +16,7 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     ├── BackendError                    a backend failed
     │   ├── BackendUnavailableError     (+ ImportError) optional SDK missing; names the pip extra
     │   ├── CompileError                a stage could not be compiled for its device
+    │   ├── ToolkitWorkerError          a vendor toolkit's worker process died or broke its protocol
     │   └── StageExecutionError         a stage failed at run time (names stage and device)
     ├── RuntimeStateError               (+ RuntimeError) session used outside ``async with``/after close
     │   └── UnsupportedEventLoopError   the running event loop is neither asyncio nor trio
@@ -68,6 +69,7 @@ __all__ = [
     "StageExecutionError",
     "SysfsError",
     "SysfsPermissionError",
+    "ToolkitWorkerError",
     "TransferError",
     "TwinError",
     "UnknownSocError",
@@ -146,6 +148,13 @@ class BackendUnavailableError(BackendError, ImportError):
 
 class CompileError(BackendError):
     """A stage could not be compiled (e.g. onnxruntime refused the extracted subgraph)."""
+
+
+class ToolkitWorkerError(BackendError):
+    """A vendor toolkit's worker process (the RKNN toolkit runs in its own environment) died,
+    could not be started, or answered outside its protocol. The message names the process and
+    what it was doing; the stage that used it fails its request with a :class:`StageExecutionError`.
+    """
 
 
 class StageExecutionError(BackendError):
