@@ -44,7 +44,15 @@ from ._runtime._clock import Clock, SystemClock
 from ._runtime._domains import Topology
 from ._runtime._scheduler import Scheduler, StageRuntime
 from ._runtime._transfer import CopyFn, TransferEngine, TransferStatistics
-from ._setup import TransferEvents, compile_stages, load_index, make_topology, output_sources
+from ._setup import (
+    CompileStatistics,
+    TransferEvents,
+    compile_counters,
+    load_index,
+    make_topology,
+    output_sources,
+    plan_and_compile,
+)
 from ._stream import ResultStream
 
 __all__ = ["Session", "SessionStatistics"]
@@ -88,6 +96,9 @@ class SessionStatistics:
     """One snapshot per memory domain's buffer pool."""
     transfers: TransferStatistics | None = None
     """The transfer engine's snapshot (None before the session opened)."""
+    compile: CompileStatistics = field(default_factory=CompileStatistics)
+    """Conversions, cache hits and conversion seconds of the backends since the session opened,
+    and the (unit, device) pairs refused by trying (see ``hetsched/_setup.py``)."""
 
     @property
     def bytes_copied_same_domain(self) -> int:
@@ -159,6 +170,8 @@ class Session:
         deadline of a coalesced wake-up, stage timings and hook timestamps (default: the
         system's; a test passes a ``VirtualClock`` (``hetsched/_runtime/_clock.py``) and advances it
         by hand, so nothing it checks depends on how fast the machine is).
+    :param shapes: ``{input name: dims}`` fixing free dimensions for backends that need static
+        shapes (passed to each compile in the device's options under ``"shapes"``).
     :raises ModelError: the model could not be loaded (on ``__aenter__``).
     :raises PartitionError, PlacementError, DeviceSpecError, CompileError: planning failed.
     :raises TransferError: a device's memory domain is not in ``topology``.
@@ -187,6 +200,7 @@ class Session:
         copy_fn: CopyFn | None = None,
         pool_capacity_bytes: int | Mapping[str, int | None] | None = None,
         clock: Clock | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -223,6 +237,10 @@ class Session:
         self._topology: Topology | None = None
         self._host = "host"
         self._retired_runs = 0
+        self._shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+        # (unit key, device) -> the backend's message: found by trying, kept for every re-plan
+        self._refusals: dict[tuple[str, str], str] = {}
+        self._compile_base = CompileStatistics()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -234,6 +252,7 @@ class Session:
         self._devices = list(resolve_devices(self._device_specs, root=self._root))
         self._topology, self._host = make_topology(self._topology_arg, self._devices)
         self._retired_runs = 0
+        self._compile_base = compile_counters(self._devices)
         try:
             self._pools = pools_for(self._topology, capacity_bytes=self._pool_capacity, root=self._root)
             # a custom copy (a DMA wait, a modelled link) may block: never run it on the event loop
@@ -318,9 +337,14 @@ class Session:
     async def _replan(self, *, use_costs: bool = False) -> None:
         index = self._index
         assert index is not None and self._scheduler is not None and self._topology is not None
-        plan = build_plan(index, self._devices, get_policy(self._policy), max_unit_nodes=self._max_unit_nodes,
-                          device_states=self._device_states, costs=self.costs if use_costs else None)
-        stages = await anyio.to_thread.run_sync(compile_stages, index, plan)
+        policy = get_policy(self._policy)
+
+        def build(refused: Mapping[tuple[str, str], str]) -> Plan:
+            return build_plan(index, self._devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
+                              device_states=self._device_states, costs=self.costs if use_costs else None)
+
+        plan, stages = await anyio.to_thread.run_sync(
+            lambda: plan_and_compile(index, build, self._refusals, shapes=self._shapes))
         old = self._stages
         self._plan, self._stages = plan, stages
         for st in old:
@@ -394,6 +418,7 @@ class Session:
             bytes_staged=sch.bytes_staged if sch is not None else 0,
             pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
             transfers=self._engine.statistics() if self._engine is not None else None,
+            compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
         )
 
     @overload

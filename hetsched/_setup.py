@@ -1,32 +1,51 @@
 """Session setup: what ``Session.__aenter__`` and each re-plan build before requests can run.
 
 Loading the model (and the graph outputs that are constants), the default memory topology,
-compiling a plan's stages for their devices, where each graph output comes from, and the
-adapter from the transfer engine's callbacks to the session's hooks.
+compiling a plan's stages for their devices (concurrently, and finding by trying which units
+a backend refuses: :func:`plan_and_compile`), where each graph output comes from, the
+session's compile counters, and the adapter from the transfer engine's callbacks to the
+session's hooks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from onnx import numpy_helper
 
-from hetsched.backends import Device, get_backend
+from hetsched.backends import CompiledStage, Device, get_backend
 
-from ._errors import TransferError
+from ._errors import CompileError, TransferError
 from ._events import Event, EventInfo, HookDispatcher, Priority
 from ._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
 from ._planning.graph import GraphIndex
 from ._planning.model import ModelSource, load_model
-from ._planning.partition import extract_stage
+from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
 from ._planning.plan import Plan, unit_key
 from ._runtime._clock import Clock
 from ._runtime._domains import MemoryDomain, MemoryKind, Topology
 from ._runtime._scheduler import StageRuntime
 from ._runtime._transfer import TransferInfo
 
-__all__ = ["TransferEvents", "compile_stages", "load_index", "make_topology", "output_sources"]
+__all__ = [
+    "CompileStatistics",
+    "TransferEvents",
+    "compile_counters",
+    "compile_stages",
+    "load_index",
+    "make_topology",
+    "output_sources",
+    "plan_and_compile",
+]
+
+Refusals = MutableMapping[tuple[str, str], str]
+"""``{(unit_key, device name): the backend's message}``: what :func:`plan_and_compile` found."""
+
+_T = TypeVar("_T")
 
 
 def load_index(source: ModelSource) -> tuple[GraphIndex, dict[str, Any]]:
@@ -68,29 +87,176 @@ def make_topology(topology: Topology | None, devices: Sequence[Device]) -> tuple
     return topology, host
 
 
-def compile_stages(index: GraphIndex, plan: Plan) -> list[StageRuntime]:
-    """Compile every stage of ``plan`` for its device (blocking; on failure the stages
-    compiled so far are closed).
+def _parallel(fn: Callable[[Any], _T], items: Sequence[Any]) -> list[_T | BaseException]:
+    """``fn`` over ``items`` on up to one thread per usable core (conversions are slow and
+    release the GIL in their native code or worker processes); each result or the exception
+    it raised, in order, so no error is lost."""
 
-    :raises CompileError: a backend refused a stage.
+    def guarded(item: Any) -> _T | BaseException:
+        try:
+            return fn(item)
+        except Exception as exc:  # collected and re-raised by the caller
+            return exc
+
+    if len(items) <= 1:
+        return [guarded(x) for x in items]
+    workers = min(len(items), len(os.sched_getaffinity(0)) or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hetsched-compile") as pool:
+        return list(pool.map(guarded, items))
+
+
+def _with_shapes(dev: Device, shapes: Mapping[str, Sequence[int]] | None) -> Device:
+    """The device a backend compiles for: ``shapes`` (fixed free dimensions, for backends that
+    need static shapes) in a copy of its options under ``"shapes"``."""
+    if not shapes:
+        return dev
+    return dataclasses.replace(dev, options={**dev.options, "shapes": {k: tuple(v) for k, v in shapes.items()}})
+
+
+def _compile_one(index: GraphIndex, dev: Device, spec: StageSpec) -> CompiledStage:
+    return get_backend(dev.backend).compile(extract_stage(index, spec), dev, name=spec.name)
+
+
+def _raise_collected(errors: Sequence[BaseException]) -> None:
+    """Raise the first error; the others go into its notes (none is lost)."""
+    first = errors[0]
+    for other in errors[1:]:
+        first.add_note(f"also: {type(other).__name__}: {other}")
+    raise first
+
+
+def compile_stages(index: GraphIndex, plan: Plan, *,
+                   shapes: Mapping[str, Sequence[int]] | None = None) -> list[StageRuntime]:
+    """Compile every stage of ``plan`` for its device, concurrently (blocking; on failure the
+    stages that compiled are closed).
+
+    :raises CompileError: a backend refused a stage (other failures in the notes).
+    :raises BackendError: a backend could not compile at all (e.g. its toolkit is missing).
     """
-    by_name = {d.name: d for d in plan.devices}
-    node_costs = analytic_node_costs(index)
-    out: list[StageRuntime] = []
-    try:
-        for spec in plan.stages:
-            dev = by_name[spec.device]
-            model = extract_stage(index, spec)
-            compiled = get_backend(dev.backend).compile(model, dev, name=spec.name)
-            flops = sum(node_costs[n].flops for n in spec.nodes)
-            nbytes = sum(node_costs[n].bytes for n in spec.nodes)
-            est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
-            out.append(StageRuntime(spec, compiled, unit_key(index, spec.nodes), est, dev.memory_domain))
-    except BaseException:
-        for st in out:
+    stages, failures = _try_compile(index, plan, shapes)
+    if failures:
+        for st in stages:
             st.compiled.close()
-        raise
-    return out
+        _raise_collected([exc for _, exc in failures])
+    return stages
+
+
+def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[int]] | None,
+                 ) -> tuple[list[StageRuntime], list[tuple[StageSpec, BaseException]]]:
+    """The stages that compiled and the (stage, error) of those that did not."""
+    by_name = {d.name: _with_shapes(d, shapes) for d in plan.devices}
+    node_costs = analytic_node_costs(index)
+    results = _parallel(lambda spec: _compile_one(index, by_name[spec.device], spec), plan.stages)
+    out: list[StageRuntime] = []
+    failures: list[tuple[StageSpec, BaseException]] = []
+    for spec, res in zip(plan.stages, results, strict=True):
+        if isinstance(res, BaseException):
+            failures.append((spec, res))
+            continue
+        dev = by_name[spec.device]
+        flops = sum(node_costs[n].flops for n in spec.nodes)
+        nbytes = sum(node_costs[n].bytes for n in spec.nodes)
+        est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
+        out.append(StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain))
+    return out, failures
+
+
+def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str], str]], Plan],
+                     refusals: Refusals, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                     ) -> tuple[Plan, list[StageRuntime]]:
+    """Plan with ``build(refusals)`` and compile; where a stage raises :class:`CompileError`,
+    find the units its device refuses, add them to ``refusals`` and plan again (blocking).
+
+    The failing units are found by compiling each unit of the stage alone on that device;
+    the pairs that compile are not refused. If every unit compiles alone (the stage fails
+    only as a whole), all of the stage's units are refused on that device, so each round
+    refuses at least one new pair and the loop ends: with every stage compiled, or with
+    ``build`` raising :class:`PartitionError` for a unit no device is left for.
+
+    :raises PartitionError: a unit every capable device refused (from ``build``).
+    :raises BackendError: a failure other than a refused stage (the first; others in its notes).
+    """
+    while True:
+        plan = build(refusals)
+        stages, failures = _try_compile(index, plan, shapes)
+        if not failures:
+            return plan, stages
+        for st in stages:
+            st.compiled.close()
+        fatal = [exc for _, exc in failures if not isinstance(exc, CompileError)]
+        if fatal:
+            _raise_collected(fatal)
+        refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes))
+
+
+def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSpec, str]],
+                   shapes: Mapping[str, Sequence[int]] | None) -> dict[tuple[str, str], str]:
+    """The (unit key, device) pairs of the failed stages' units that do not compile alone."""
+    drafts = [UnitDraft(u.id, plan.unit_nodes[u.id], 1) for u in plan.units]
+    assignment = dict(plan.placement.assignment)
+    for spec, _ in failed:
+        for u in spec.units:
+            assignment[u] = f"\0unit{u}"  # a pseudo-device per unit: nothing merges with it
+    singles = {s.units[0]: s for s in merge_stages(index, drafts, assignment, [u.preds for u in plan.units],
+                                                   [u.succs for u in plan.units])
+               if len(s.units) == 1 and s.device.startswith("\0unit")}
+    by_name = {d.name: _with_shapes(d, shapes) for d in plan.devices}
+    jobs = [(u, spec.device) for spec, _ in failed for u in spec.units if u in singles]
+    results = _parallel(lambda job: _compile_one(index, by_name[job[1]], singles[job[0]]), jobs)
+    found: dict[tuple[str, str], str] = {}
+    fatal: list[BaseException] = []
+    for (u, dev), res in zip(jobs, results, strict=True):
+        if isinstance(res, CompileError):
+            found[(unit_key(index, plan.unit_nodes[u]), dev)] = str(res)
+        elif isinstance(res, BaseException):
+            fatal.append(res)
+        else:
+            res.close()
+    if fatal:
+        _raise_collected(fatal)
+    for spec, message in failed:
+        keys = [unit_key(index, plan.unit_nodes[u]) for u in spec.units]
+        if not any((k, spec.device) in found for k in keys):
+            # every unit compiles alone: the stage fails as a whole, so none of it stays there
+            for k in keys:
+                found[(k, spec.device)] = f"in {spec.name} with units {list(spec.units)}: {message}"
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileStatistics:
+    """Compile counters summed over a session's backends that report them in their
+    ``statistics()`` (fields ``conversions``, ``cache_hits``, ``seconds``; 0 for the others),
+    counted from the session's opening, plus the pairs refused by trying."""
+
+    conversions: int = 0
+    """Stages a backend converted (e.g. by a vendor toolkit), not found in its cache."""
+    cache_hits: int = 0
+    """Stages a backend found already converted in its cache."""
+    seconds: float = 0.0
+    """Seconds the backends spent converting."""
+    refused: int = 0
+    """(unit, device) pairs a backend refused, found by trying (they persist for the session)."""
+
+
+def compile_counters(devices: Iterable[Device], *, since: CompileStatistics | None = None,
+                     refused: int = 0) -> CompileStatistics:
+    """The sums of ``conversions``, ``cache_hits`` and ``seconds`` over the distinct backends of
+    ``devices`` whose ``statistics()`` has them, less those of ``since`` (backend counters are
+    process-wide: a session reports the difference since it opened), with ``refused`` pairs."""
+    conversions = hits = 0
+    seconds = 0.0
+    for name in dict.fromkeys(d.backend for d in devices):
+        stats_fn = getattr(get_backend(name), "statistics", None)
+        if stats_fn is None:
+            continue
+        st = stats_fn()
+        conversions += int(getattr(st, "conversions", 0))
+        hits += int(getattr(st, "cache_hits", 0))
+        seconds += float(getattr(st, "seconds", 0.0))
+    base = since or CompileStatistics()
+    return CompileStatistics(conversions - base.conversions, hits - base.cache_hits, seconds - base.seconds,
+                             refused)
 
 
 def output_sources(plan: Plan) -> dict[str, int | None]:

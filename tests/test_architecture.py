@@ -25,7 +25,7 @@ VOCABULARY = {"_errors", "_snapshot", "_events"}
 SESSION = {"_session", "_core", "_delivery", "_feeds", "_setup", "_profiling", "_stream", "_sync", "_governed"}
 
 # part -> the hetsched parts it may import (besides itself). A part is the first component
-# under hetsched (a subpackage or a module), with backends/sim.py as its own part.
+# under hetsched (a subpackage or a module), with backends/sim.py and backends/rknn.py as parts of their own.
 ALLOWED: dict[str, set[str]] = {
     "_errors": set(),
     "_snapshot": set(),
@@ -35,8 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "policies": VOCABULARY,
     "backends": VOCABULARY | {"_platform"},
     "backends.sim": VOCABULARY | {"_platform", "_planning", "_twin", "backends"},
+    # The RKNN backend drives the toolkit's worker process (_rknn) and, on a twin root, wraps its
+    # stages in the twin's modelled-time accounting (backends.sim).
+    "backends.rknn": VOCABULARY | {"_platform", "_planning", "_rknn", "_twin", "backends"},
     "_planning": VOCABULARY | {"_platform", "backends", "policies"},
     "_runtime": VOCABULARY | {"_platform", "backends"},
+    "_rknn": VOCABULARY | {"_platform", "_runtime"},
     "_estimators": VOCABULARY | {"_platform", "_twin"},
     "_governor": VOCABULARY | {"_platform", "_estimators", "_twin"},
 }
@@ -72,8 +76,8 @@ def _modules() -> dict[str, tuple[str, set[str]]]:
                 part = rel.parts[0].removesuffix(".py")
             else:
                 part = top.removeprefix("hetsched.")
-                if top == "hetsched.backends" and rel.name == "sim.py":
-                    part = "backends.sim"
+                if top == "hetsched.backends" and rel.name in ("sim.py", "rknn.py"):
+                    part = f"backends.{rel.stem}"
             used = set()
             for mod in _imports(f, package):
                 if mod.startswith("hetsched."):

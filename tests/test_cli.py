@@ -74,7 +74,7 @@ def test_run_json(capsys: pytest.CaptureFixture[str]) -> None:
     summary = _json_out(capsys, ["run", "light_squeezenet", "--requests", "3", "--json", "--max-unit-nodes", "30",
                                  *DEVICES])
     assert summary["requests"] == 3
-    assert summary["stages"] >= 1
+    assert len(summary["stages"]) >= 1
     assert summary["latency_ms_median"] > 0 and summary["throughput_rps"] > 0
 
 

@@ -231,3 +231,57 @@ def test_real_host_root_falls_back_to_online_cpus() -> None:
     assert cpus, "the host must have at least one cluster"
     assert len(cpus) == len(set(cpus)), "clusters must not overlap"
     assert set(os.sched_getaffinity(0)) <= set(cpus)
+
+
+# -- RK3588 NPU devices --------------------------------------------------------------------
+
+NPU_MASKS = {"npu": 0, "npu:0": 1, "npu:1": 2, "npu:2": 4, "npu:0-1": 3, "npu:0-2": 7}
+
+
+@pytest.fixture(scope="module")
+def rk3588_twin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hetsched.testing import build_board_tree
+
+    return build_board_tree(tmp_path_factory.mktemp("rk3588"), "rk3588")
+
+
+@pytest.mark.parametrize(("spec", "mask"), sorted(NPU_MASKS.items()))
+def test_npu_specs_on_an_rk3588_root(rk3588_twin_root: Path, spec: str, mask: int) -> None:
+    (dev,) = resolve_devices([spec], root=rk3588_twin_root)
+    assert (dev.name, dev.kind, dev.backend, dev.memory_domain) == (spec, "npu", "rknn", "host")
+    assert dev.options["core_mask"] == mask and dev.options["target"] == "rk3588"
+    # a twin's root: the twin's NPU domain models the stage's time
+    assert dev.options["profile_domain"].name == "npu" and callable(dev.options["clock"])
+    assert dev.max_freq_khz is not None and dev.max_freq_khz > 0
+
+
+def test_npu_specs_mix_with_cpu_specs(rk3588_twin_root: Path) -> None:
+    devs = resolve_devices(["cpu:0", "npu:0", "npu:1"], root=rk3588_twin_root, available_cpus=[0, 1])
+    assert [d.name for d in devs] == ["cpu:0", "npu:0", "npu:1"]
+    assert [d.backend for d in devs] == ["cpu", "rknn", "rknn"]
+    with pytest.raises(DeviceSpecError, match="duplicate"):
+        resolve_devices(["npu", "npu"], root=rk3588_twin_root)
+
+
+@pytest.mark.parametrize("board", [None, "orin-nx"])
+def test_no_npu_under_the_root_says_what_was_looked_for(tmp_path: Path, board: str | None) -> None:
+    if board is not None:
+        from hetsched.testing import build_board_tree
+
+        build_board_tree(tmp_path, board)
+    else:
+        _rk3588(tmp_path)  # CPU clusters only: no devfreq NPU, no rknpu driver
+    with pytest.raises(DeviceSpecError) as e:
+        resolve_devices(["npu:0"], root=tmp_path)
+    msg = str(e.value)
+    assert "no NPU found under" in msg and str(tmp_path) in msg
+    assert "sys/class/devfreq" in msg and "rknpu" in msg
+
+
+def test_no_npu_on_this_host() -> None:
+    from hetsched._platform import SysfsRoot, devfreq
+
+    if any(d.kind == "npu" for d in devfreq.read_devices(SysfsRoot("/"))):
+        pytest.skip("this host has an NPU")
+    with pytest.raises(DeviceSpecError, match="no NPU found under '/'"):
+        resolve_devices(["npu"], root="/")

@@ -21,6 +21,7 @@ _SUBCOMMAND_MODULES = (
     "hetsched._cli._info",
     "hetsched._cli._top",
     "hetsched._cli._twin",
+    "hetsched._cli._setup",
 )
 
 

@@ -46,12 +46,120 @@ def add_devices_args(p: argparse.ArgumentParser) -> None:
                    help="cut unit subgraphs to at most N nodes")
 
 
-def random_feeds(session_inputs: Sequence[onnx.ValueInfoProto], seed: int = 0) -> dict[str, Any]:
+def add_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="fix input NAME's shape (free dimensions) for backends that need static shapes and for "
+                        "the random inputs; repeatable")
+
+
+def parse_shapes(items: Sequence[str], prog: str) -> dict[str, tuple[int, ...]]:
+    """``["x=1,3,224,224"]`` -> ``{"x": (1, 3, 224, 224)}``; exits with a clear message otherwise."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            parsed = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            parsed = ()
+        if not sep or not name or not parsed or any(d < 1 for d in parsed):
+            raise SystemExit(f"{prog}: --shape {item!r}: expected NAME=D0,D1,... with positive integer dimensions")
+        shapes[name] = parsed
+    return shapes
+
+
+def board_devices(root: str) -> list[Any]:
+    """Simulated devices of the board whose tree is under ``root`` (SoC from the tree itself).
+
+    :raises UnknownSocError: the tree names no SoC hetsched knows.
+    """
+    from hetsched._errors import UnknownSocError
+    from hetsched._platform import discover
+    from hetsched.backends.sim import clock_from_root, twin_devices
+
+    soc = discover(root).soc
+    if soc is None:
+        raise UnknownSocError(f"no known SoC in the tree under {root!r} (device-tree compatible / "
+                              "nv_tegra_release); write one with 'hetsched twin SOC --root DIR --once'")
+    return twin_devices(soc, clock=clock_from_root(root))
+
+
+def select_devices(specs: Sequence[str] | None, root: str | None) -> list[Any]:
+    """The devices of ``--devices`` / ``--root``.
+
+    Without ``root``: ``specs`` (default: each host core plus all of them). With ``root`` and no
+    ``specs``: the board's simulated devices. With both: each spec as the device resolver reads
+    it under ``root`` (``cpu:N``, and the accelerators a backend finds there, e.g. an NPU), else
+    the board's simulated device of that name (``cluster4``, ``gpu``, ...).
+
+    :raises DeviceSpecError: a spec is neither (the message lists the board's device names).
+    :raises UnknownSocError: ``root`` holds no known SoC.
+    """
+    if root is None:
+        return list(specs or default_host_devices())
+    twins = {d.name: d for d in board_devices(root)}
+    if not specs:
+        return list(twins.values())
+    from hetsched._errors import DeviceSpecError
+    from hetsched._planning.devices import resolve_devices
+
+    out: list[Any] = []
+    for spec in specs:
+        try:
+            out.extend(resolve_devices([spec], root=root))
+        except DeviceSpecError as exc:
+            if spec not in twins:
+                raise DeviceSpecError(f"{exc}; the board under {root!r} has the simulated devices "
+                                      f"{sorted(twins)}") from exc
+            out.append(twins[spec])
+    return out
+
+
+def stage_rows(plan: Any) -> list[dict[str, Any]]:
+    """The plan's stages as the CLI's JSON contract lists them (name, device, backend, nodes, flops, ...)."""
+    keys = ("id", "name", "device", "backend", "nodes", "flops", "units", "deps", "estimated_s")
+    return [{k: st[k] for k in keys} for st in plan.to_json()["stages"]]
+
+
+def reference_outputs(model: Path, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The model's outputs for ``feeds`` from bare onnxruntime on the host (CPU provider)."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, Any]) -> dict[str, float]:
+    """``max_abs_diff`` (over every element of every output) and ``min_cosine`` (the least
+    cosine similarity of one output, flattened, with its reference; 1.0 for two zero vectors)."""
+    max_abs = 0.0
+    min_cos = 1.0
+    for name, ref in reference.items():
+        a = np.asarray(got[name], dtype=np.float64).ravel()
+        b = np.asarray(ref, dtype=np.float64).ravel()
+        if a.shape != b.shape:
+            return {"max_abs_diff": float("inf"), "min_cosine": -1.0}
+        if a.size:
+            max_abs = max(max_abs, float(np.max(np.abs(a - b))))
+        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+        if na == 0.0 or nb == 0.0:
+            cos = 1.0 if na == nb else 0.0
+        else:
+            cos = float(np.dot(a, b) / (na * nb))
+        min_cos = min(min_cos, cos)
+    return {"max_abs_diff": max_abs, "min_cosine": min_cos}
+
+
+def random_feeds(session_inputs: Sequence[onnx.ValueInfoProto], seed: int = 0,
+                 shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """Random inputs: a free dimension is 1 unless ``shapes`` fixes the input's shape."""
     rng = np.random.default_rng(seed)
     feeds: dict[str, Any] = {}
     for vi in session_inputs:
         tt = vi.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
+        if shapes and vi.name in shapes:
+            dims = list(shapes[vi.name])
         dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
         if dt.kind == "f":
             feeds[vi.name] = rng.standard_normal(dims).astype(dt)

@@ -1,4 +1,9 @@
-"""``hetsched plan MODEL``: show how a model is split and placed."""
+"""``hetsched plan MODEL``: show how a model is split and placed.
+
+``--json`` prints :meth:`Plan.to_json`: ``stages`` (each with ``name``, ``device``, ``backend``,
+``nodes`` (a count), ``flops`` (analytic), ...), ``units``, ``devices`` and ``refused`` (the units
+a backend refused to compile on a device its op list offered, with the backend's reason).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,16 @@ import json
 
 import anyio
 
-from ._common import add_devices_args, resolve_model_arg
+from ._common import add_devices_args, add_shape_arg, parse_shapes, resolve_model_arg, select_devices
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition and place a model; print the placement table")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_resnet50)")
     add_devices_args(p)
+    p.add_argument("--root", metavar="DIR", help="plan for the board whose sysfs tree is under DIR (a twin's root): "
+                   "its devices; with --devices, some of them by name (or devices found under DIR, e.g. an NPU)")
+    add_shape_arg(p)
     p.add_argument("--profile", action="store_true", help="measure units on each device, then re-plan")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=main)
@@ -22,11 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
-    from ._common import default_host_devices
+    shapes = parse_shapes(args.shape, "hetsched plan")
+    devices = select_devices(args.devices, args.root)
 
     async def go() -> int:
-        async with Session(resolve_model_arg(args.model), devices=args.devices or default_host_devices(),
-                           policy=args.policy, max_unit_nodes=args.max_unit_nodes) as s:
+        async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes) as s:
             if args.profile:
                 await s.profile()
             if args.json:

@@ -1,4 +1,13 @@
-"""``hetsched run MODEL``: run requests through a model and report latency and throughput."""
+"""``hetsched run MODEL``: run requests through a model and report latency and throughput.
+
+``--json`` prints one object (the CLI's contract, checked by tests): ``model``, ``requests``,
+``inputs`` (the fed shapes), ``stages`` (a list: ``name``, ``device``, ``backend``, ``nodes`` (a count), ``flops`` (analytic),
+...), ``refused`` (units a backend refused, with its reason), ``compile`` (``conversions``,
+``cache_hits``, ``seconds``: summed over the session's backends that count them in their
+``statistics()``, since the session opened; zeros for backends that do not, such as ``cpu``),
+latency/throughput figures, and with ``--check`` ``check`` (``max_abs_diff``, ``min_cosine``
+of every output against bare onnxruntime on the host for the same inputs).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +19,20 @@ import time
 
 import anyio
 import anyio.abc
+import numpy as np
 
-from ._common import Progress, add_devices_args, default_host_devices, random_feeds, resolve_model_arg
+from ._common import (
+    Progress,
+    add_devices_args,
+    add_shape_arg,
+    compare_outputs,
+    parse_shapes,
+    random_feeds,
+    reference_outputs,
+    resolve_model_arg,
+    select_devices,
+    stage_rows,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("--progress", action="store_true", help="force the progress bar")
     p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
-                   "its devices are simulated, stages report modelled time and energy at the tree's clocks")
+                   "its devices are simulated, stages report modelled time and energy at the tree's clocks; "
+                   "with --devices, pick some of them by name (or devices found under DIR, e.g. an NPU)")
+    add_shape_arg(p)
+    p.add_argument("--check", action="store_true",
+                   help="compare every output with bare onnxruntime on the host for the same inputs")
     g = p.add_argument_group("DVFS governor (needs --root, or root privileges on a real board with --root /)")
     g.add_argument("--governor", choices=("none", "phase"), default="none",
                    help="phase: hetsched's phase-aware governor sets the board's clocks per inference phase and "
@@ -71,19 +96,6 @@ async def stream_requests(session: object, feeds: dict, n: int, progress: Progre
     return done
 
 
-def board_devices(root: str) -> list:
-    """Simulated devices of the board whose tree is under ``root`` (SoC from the tree itself)."""
-    from hetsched._errors import UnknownSocError
-    from hetsched._platform import discover
-    from hetsched.backends.sim import clock_from_root, twin_devices
-
-    soc = discover(root).soc
-    if soc is None:
-        raise UnknownSocError(f"no known SoC in the tree under {root!r} (device-tree compatible / "
-                              "nv_tegra_release); write one with 'hetsched twin SOC --root DIR --once'")
-    return twin_devices(soc, clock=clock_from_root(root))
-
-
 def modelled_rows(session: object) -> list[dict]:
     rows = []
     for st in session._stages:  # type: ignore[attr-defined]
@@ -91,6 +103,8 @@ def modelled_rows(session: object) -> list[dict]:
         if stats is None:
             continue
         x = stats()
+        if not hasattr(x, "modelled_time_s"):
+            continue  # a stage that runs for real (e.g. an RKNN stage) models no time or energy
         if x.runs:
             rows.append({"stage": st.spec.name, "device": st.spec.device, "runs": x.runs,
                          "time_ms_per_run": x.modelled_time_s / x.runs * 1e3,
@@ -126,9 +140,8 @@ def main(args: argparse.Namespace) -> int:
     if args.requests < 1:
         raise SystemExit("hetsched run: --requests must be >= 1")
 
-    devices: list = args.devices or default_host_devices()
-    if args.root:
-        devices = board_devices(args.root)
+    shapes = parse_shapes(args.shape, "hetsched run")
+    devices = select_devices(args.devices, args.root)
 
     if args.governor != "none" and not args.root:
         raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
@@ -136,24 +149,33 @@ def main(args: argparse.Namespace) -> int:
 
     async def serve(hooks: list) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
-                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", hooks=hooks) as s:
-            feeds = random_feeds(s.get_inputs())
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", hooks=hooks,
+                           shapes=shapes) as s:
+            feeds = random_feeds(s.get_inputs(), shapes=shapes)
             progress = Progress(args.requests, enabled=True if args.progress else None)
             t0 = time.perf_counter()
             if args.stream:
                 done = await stream_requests(s, feeds, args.requests, progress)
                 wall = time.perf_counter() - t0
-                summary = {"model": str(args.model), "stages": len(s.plan.stages), "requests": done,
-                           "mode": "stream", "throughput_rps": done / wall}
+                summary: dict = {"model": str(args.model), "stages": stage_rows(s.plan), "requests": done,
+                                 "mode": "stream", "throughput_rps": done / wall}
             else:
                 lat = await run_requests(s, feeds, args.requests, args.concurrency, progress)
                 wall = time.perf_counter() - t0
                 summary = {
-                    "model": str(args.model), "stages": len(s.plan.stages), "requests": len(lat),
+                    "model": str(args.model), "stages": stage_rows(s.plan), "requests": len(lat),
                     "latency_ms_median": statistics.median(lat) * 1e3,
                     "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
                     "throughput_rps": len(lat) / wall,
                 }
+            summary["inputs"] = {name: list(np.shape(v)) for name, v in feeds.items()}
+            summary["refused"] = s.plan.to_json()["refused"]
+            comp = s.statistics().compile
+            summary["compile"] = {"conversions": comp.conversions, "cache_hits": comp.cache_hits,
+                                  "seconds": comp.seconds}
+            if args.check:
+                reference = await anyio.to_thread.run_sync(reference_outputs, resolve_model_arg(args.model), feeds)
+                summary["check"] = compare_outputs(reference, await s.run(feeds))
             modelled = modelled_rows(s)
             if modelled:
                 summary["modelled"] = modelled
@@ -169,6 +191,9 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
                           f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s")
+                if args.check:
+                    print(f"check vs onnxruntime: max |diff| {summary['check']['max_abs_diff']:.3g}, "
+                          f"min cosine {summary['check']['min_cosine']:.6f}")
                 if modelled:
                     print_modelled(modelled, f"board under {args.root}")
         return 0

@@ -1,4 +1,4 @@
-"""Device specs (``"cpu:0-3"``, ``"big"``) and the host's CPU clusters from sysfs."""
+"""Device specs (``"cpu:0-3"``, ``"big"``, ``"npu:0-1"``) and the host's CPU clusters from sysfs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from dataclasses import dataclass, replace
 from hetsched.backends import Device
 
 from .._errors import DeviceSpecError
+from .._platform import devfreq, rknpu, soc
 from .._platform._fs import SysfsRoot
 from .._platform.cpufreq import CPU_DIR
 from .._platform.discovery import read_clusters
 
 __all__ = [
+    "NPU_SPECS",
     "CpuCluster",
     "discover_cpu_clusters",
     "host_cpus",
@@ -30,6 +32,69 @@ __all__ = [
 _FLOPS_PER_CYCLE = 8.0
 _DEFAULT_FREQ_KHZ = 2_000_000
 _MEM_BW_PER_DEVICE = 1.0e10
+
+
+#: RK3588 NPU device specs -> the NPU cores they run on (``()``: the runtime picks, NPU_CORE_AUTO).
+NPU_SPECS: dict[str, tuple[int, ...]] = {
+    "npu": (), "npu:0": (0,), "npu:1": (1,), "npu:2": (2,), "npu:0-1": (0, 1), "npu:0-2": (0, 1, 2),
+}
+# A prior like _FLOPS_PER_CYCLE, replaced by measured stage times: 6 TOPS (int8) over the RK3588
+# NPU's three cores (Rockchip RK3588 product brief, https://www.rock-chips.com/a/en/products/RK35_Series/2022/0926/1660.html),
+# fp16 assumed at a quarter of the int8 rate.
+_NPU_FP16_FLOPS_PER_CORE = 6.0e12 / 3 / 4
+_NPU_SOCS = ("rk3588",)
+_NPU_LOOKED_FOR = (
+    f"a devfreq node named *.npu or with of_node 'npu' under {devfreq.DEVFREQ_CLASS}, the rknpu driver "
+    f"(sys/module/rknpu, {', '.join(rknpu.NPU_LOAD_PATHS)}) and an RK3588 device-tree compatible"
+)
+
+
+def _npu_device(spec: str, fs: SysfsRoot) -> Device:
+    """The RK3588 NPU device of ``spec`` (a key of :data:`NPU_SPECS`) on the board under ``fs``.
+
+    On a tree that is not the host's ``/`` (a twin's root) the device also carries the twin's
+    NPU profile domain and clock, so the stage's time and energy are modelled as for the twin.
+
+    :raises DeviceSpecError: no NPU under the root (the message says what was looked for), or an
+        NPU on a SoC the RKNN backend has no target for.
+    """
+    nodes = [d for d in devfreq.read_devices(fs) if d.kind == "npu"]
+    has_driver = fs.exists("sys/module/rknpu") or any(fs.exists(p) for p in rknpu.NPU_LOAD_PATHS)
+    soc_name = soc.identify_soc(soc.read_compatible(fs), fs.read_text("etc/nv_tegra_release"))
+    if not nodes and not has_driver:
+        raise DeviceSpecError(f"device spec {spec!r}: no NPU found under {str(fs.root)!r}: looked for {_NPU_LOOKED_FOR}")
+    if soc_name not in _NPU_SOCS:
+        raise DeviceSpecError(f"device spec {spec!r}: found an NPU under {str(fs.root)!r} but the SoC is "
+                              f"{soc_name or 'unknown'}; the RKNN backend targets {', '.join(_NPU_SOCS)}")
+    cores = NPU_SPECS[spec]
+    mask = 0
+    for c in cores:
+        mask |= 1 << c  # rknn-toolkit-lite2's NPU_CORE_* values (0 = NPU_CORE_AUTO)
+    max_hz = nodes[0].max_freq_hz if nodes else None
+    options: dict[str, object] = {"core_mask": mask, "target": soc_name, "cores": cores, "soc": soc_name}
+    peak = _NPU_FP16_FLOPS_PER_CORE * max(1, len(cores))
+    bandwidth = _MEM_BW_PER_DEVICE
+    if not fs.is_host_root:
+        # the tree is a twin's (or a capture's): model the stage on the twin's NPU at the tree's clocks
+        from hetsched.backends.sim import clock_from_root, twin_devices
+
+        twin = next((d for d in twin_devices(soc_name, clock=clock_from_root(str(fs.root))) if d.kind == "npu"), None)
+        if twin is not None:
+            options.update({k: twin.options[k] for k in ("clock", "profile_domain", "memory_domain_profile")})
+            options["simulated"] = True
+            peak = twin.peak_flops * max(1, len(cores)) / len(NPU_SPECS["npu:0-2"])
+            bandwidth = twin.mem_bandwidth
+    return Device(
+        name=spec,
+        kind="npu",
+        backend="rknn",
+        memory_domain="host",  # the NPU reads DRAM: pool buffers (memfds) are shared with it
+        domain="npu",
+        max_freq_khz=max_hz // 1000 if max_hz else None,
+        peak_flops=peak,
+        mem_bandwidth=bandwidth,
+        options=options,
+    )
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
@@ -193,6 +258,9 @@ def resolve_devices(
         if not isinstance(spec, str):
             raise DeviceSpecError(f"device spec must be a string or Device, got {type(spec).__name__}")
         s = spec.strip().lower()
+        if s in NPU_SPECS:
+            out.append(_npu_device(s, root if isinstance(root, SysfsRoot) else SysfsRoot(root)))
+            continue
         if s in ("clusters", "big", "little", "mid"):
             if clusters is None:
                 clusters = [c for c in discover_cpu_clusters(root) if c.cpus]
@@ -224,7 +292,7 @@ def resolve_devices(
         else:
             raise DeviceSpecError(
                 f"unknown device spec {spec!r}: expected 'cpu', 'cpu:N', 'cpu:N-M', 'cpu:N,M', "
-                "'big', 'little', 'mid' or 'clusters'"
+                "'big', 'little', 'mid', 'clusters' or (on an RK3588) 'npu', 'npu:N', 'npu:0-1', 'npu:0-2'"
             )
         missing = [c for c in cpus if c not in usable]
         if missing:

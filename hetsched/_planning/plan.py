@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetsched._errors import PartitionError
 from hetsched.backends import Capabilities, Device, get_backend
 from hetsched.policies import (
     DeviceState,
@@ -26,7 +27,7 @@ from .costs import STAGE_OVERHEAD_S, CostTable, NodeCost, analytic_node_costs, v
 from .graph import GraphIndex
 from .partition import StageSpec, compute_units, merge_stages
 
-__all__ = ["Plan", "build_plan", "unit_key"]
+__all__ = ["Plan", "Refusal", "build_plan", "unit_key"]
 
 # Pricing of a stage boundary between devices. Same memory domain: only dispatch
 # overhead (buffers are shared); across domains: a copy at this bandwidth. Both are
@@ -42,6 +43,17 @@ def unit_key(index: GraphIndex, nodes: Sequence[int]) -> str:
     return f"{first}..{last}#{len(nodes)}"
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A device whose backend refused to compile a unit its capabilities claimed (found by
+    trying: see ``hetsched/_setup.py``); the unit is not offered to that device."""
+
+    unit: int
+    device: str
+    reason: str
+    """The backend's own message (a :class:`CompileError`'s text)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """The outcome of planning: stages, the placement of units, and why."""
@@ -53,6 +65,16 @@ class Plan:
     problem: PlacementProblem = field(repr=False)
     graph_inputs: tuple[str, ...] = ()
     graph_outputs: tuple[str, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+    """(unit, device) pairs the op lists offered but the backend refused to compile."""
+    unit_nodes: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    """Per unit id, its node indices in the graph index (to extract a unit alone)."""
+    stage_flops: tuple[float, ...] = field(default=(), repr=False)
+    """Per stage id, the analytic FLOPs of its nodes."""
+
+    def backend_of(self, device: str) -> str:
+        """The backend name of the plan's device called ``device``."""
+        return next(d.backend for d in self.devices if d.name == device)
 
     def stage_costs(self) -> dict[int, float]:
         """Expected seconds per stage (sum of its units' costs on its device)."""
@@ -60,8 +82,9 @@ class Plan:
             s.id: sum(self.problem.cost[(u, s.device)] for u in s.units) for s in self.stages
         }
 
-    def table(self, op_limit: int = 4) -> str:
-        """A readable placement table."""
+    def table(self, op_limit: int = 4, reason_chars: int = 72) -> str:
+        """A readable placement table; below it, each refused (unit, device) pair with the
+        backend's reason (shortened to ``reason_chars``)."""
         costs = self.stage_costs()
         rows = [("stage", "device", "nodes", "units", "deps", "est ms", "ops")]
         for s in self.stages:
@@ -75,6 +98,12 @@ class Plan:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        if self.refused:
+            lines.append("")
+            lines.append("refused by a backend (unit placed elsewhere):")
+            for r in self.refused:
+                kinds = ", ".join(sorted(set(self.units[r.unit].op_types))[:op_limit])
+                lines.append(f"  unit {r.unit} ({kinds}) not on {r.device}: {_shorten(r.reason, reason_chars)}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -87,9 +116,10 @@ class Plan:
                 for d in self.devices
             ],
             "stages": [
-                {"id": s.id, "name": s.name, "device": s.device, "nodes": len(s.nodes), "units": list(s.units),
-                 "inputs": list(s.inputs), "outputs": list(s.outputs), "deps": list(s.deps),
-                 "estimated_s": costs[s.id]}
+                {"id": s.id, "name": s.name, "device": s.device, "backend": self.backend_of(s.device),
+                 "nodes": len(s.nodes), "flops": self.stage_flops[s.id] if self.stage_flops else 0.0,
+                 "units": list(s.units), "inputs": list(s.inputs), "outputs": list(s.outputs),
+                 "deps": list(s.deps), "estimated_s": costs[s.id]}
                 for s in self.stages
             ],
             "units": [
@@ -98,10 +128,16 @@ class Plan:
                  "scores": {d: dict(t) for d, t in self.placement.scores.get(u.id, {}).items()}}
                 for u in self.units
             ],
+            "refused": [{"unit": r.unit, "device": r.device, "reason": r.reason} for r in self.refused],
         }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1)
+
+
+def _shorten(text: str, limit: int) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: max(1, limit - 3)] + "..."
 
 
 @contextmanager
@@ -132,15 +168,21 @@ def build_plan(
     costs: CostTable | None = None,
     capabilities: Mapping[str, Capabilities] | None = None,
     node_costs: Sequence[NodeCost] | None = None,
+    refused: Mapping[tuple[str, str], str] | None = None,
 ) -> Plan:
     """Partition ``index`` for ``devices`` and place it with ``policy``.
 
-    :raises PartitionError: an op no device can run.
+    :param refused: ``{(unit_key, device): reason}``: pairs a backend refused to compile
+        although its capabilities claimed the unit's ops; the unit is not offered to that
+        device (its candidates lose it) and the plan reports the reason.
+    :raises PartitionError: an op no device can run, or a unit every capable device refused
+        (the message names the unit and each device's reason).
     :raises PlacementError: the policy's answer is unusable.
     """
     with _gc_paused():
         return _build_plan(index, devices, policy, max_unit_nodes=max_unit_nodes, device_states=device_states,
-                           costs=costs, capabilities=capabilities, node_costs=node_costs)
+                           costs=costs, capabilities=capabilities, node_costs=node_costs,
+                           refused=refused or {})
 
 
 def _build_plan(
@@ -153,6 +195,7 @@ def _build_plan(
     costs: CostTable | None,
     capabilities: Mapping[str, Capabilities] | None,
     node_costs: Sequence[NodeCost] | None,
+    refused: Mapping[tuple[str, str], str],
 ) -> Plan:
     pol = get_policy(policy)
     names = [d.name for d in devices]
@@ -192,6 +235,7 @@ def _build_plan(
                     edges[(pu, uid)] = edges.get((pu, uid), 0.0) + vb
 
     units: list[Unit] = []
+    refusals: list[Refusal] = []
     cost: dict[tuple[int, str], float] = {}
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
     for u in drafts:
@@ -200,7 +244,9 @@ def _build_plan(
             cands = cands_of[u.mask] = tuple(names[b] for b in range(len(names)) if u.mask >> b & 1)
         flops = sum(node_costs[n].flops for n in u.nodes)
         nbytes = sum(node_costs[n].bytes for n in u.nodes)
-        key = unit_key(index, u.nodes) if costs is not None else ""
+        key = unit_key(index, u.nodes) if costs is not None or refused else ""
+        if refused:
+            cands = _drop_refused(index, u.id, u.nodes, key, cands, refused, refusals)
         for dname in cands:
             dev = by_name[dname]
             est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
@@ -249,6 +295,28 @@ def _build_plan(
         problem=problem,
         graph_inputs=tuple(index.required_inputs),
         graph_outputs=tuple(index.graph_outputs),
+        refused=tuple(refusals),
+        unit_nodes=tuple(u.nodes for u in drafts),
+        stage_flops=tuple(sum(node_costs[n].flops for n in st.nodes) for st in stages),
     )
+
+
+def _drop_refused(index: GraphIndex, uid: int, nodes: Sequence[int], key: str, cands: tuple[str, ...],
+                  refused: Mapping[tuple[str, str], str], into: list[Refusal]) -> tuple[str, ...]:
+    """``cands`` without the devices that refused unit ``key``; the refusals go to ``into``.
+
+    :raises PartitionError: every candidate refused the unit (names it and each reason).
+    """
+    kept = tuple(d for d in cands if (key, d) not in refused)
+    if len(kept) == len(cands):
+        return cands
+    mine = [Refusal(uid, d, refused[(key, d)]) for d in cands if (key, d) in refused]
+    into.extend(mine)
+    if kept:
+        return kept
+    ops = sorted({index.nodes[n].op_type for n in nodes})
+    reasons = "; ".join(f"{r.device}: {r.reason}" for r in mine)
+    raise PartitionError(f"unit {uid} ({key}, ops {ops}) compiles on none of its devices: {reasons}",
+                         op_types=ops, devices=list(cands))
 
 

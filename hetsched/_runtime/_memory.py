@@ -8,10 +8,12 @@ Each pool maps its memory in *slabs* of shareable memory: a dma-buf from
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import mmap
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +21,7 @@ import numpy as np
 
 from .._errors import PlatformError
 
-__all__ = ["ALIGNMENT", "SLAB_BYTES", "size_class"]
+__all__ = ["ALIGNMENT", "SLAB_BYTES", "locate_shared", "size_class"]
 
 ALIGNMENT = 64
 """Every buffer's data starts on a multiple of this many bytes (a cache line)."""
@@ -145,8 +147,12 @@ class _Slab:
         self.ptr = self.base.ctypes.data
         self.carved = 0
         self.in_use = 0
+        if fd >= 0:
+            _register_shared(self)
 
     def unmap(self) -> None:
+        if self.fd >= 0:
+            _forget_shared(self)
         self.base = None
         try:
             self.mm.close()
@@ -156,6 +162,52 @@ class _Slab:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+# -- where shareable memory lies ---------------------------------------------------
+# Live slabs that have a file descriptor, sorted by start address, so that a worker process
+# can be handed (fd, offset) instead of a copy of an array that lies in a pool buffer.
+
+_shared_lock = threading.Lock()
+_shared_starts: list[int] = []
+_shared_slabs: list[_Slab] = []
+
+
+def _register_shared(slab: _Slab) -> None:
+    with _shared_lock:
+        i = bisect.bisect_left(_shared_starts, slab.ptr)
+        _shared_starts.insert(i, slab.ptr)
+        _shared_slabs.insert(i, slab)
+
+
+def _forget_shared(slab: _Slab) -> None:
+    with _shared_lock:
+        i = bisect.bisect_left(_shared_starts, slab.ptr)
+        while i < len(_shared_slabs) and _shared_starts[i] == slab.ptr:
+            if _shared_slabs[i] is slab:
+                del _shared_starts[i]
+                del _shared_slabs[i]
+                return
+            i += 1
+
+
+def locate_shared(address: int, nbytes: int) -> tuple[int, int] | None:
+    """``(fd, offset)`` of the ``nbytes`` at ``address`` when they lie inside one live shareable slab.
+
+    Shareable slabs are the memfd and dma-buf ones of the buffer pools (anonymous memory has no
+    descriptor). ``None`` when the range is not entirely inside one such slab. The fd stays
+    owned by the pool: it is valid only while the slab is mapped (until the pool unmaps it).
+    Thread-safe; a binary search over the live slabs.
+    """
+    with _shared_lock:
+        i = bisect.bisect_right(_shared_starts, address) - 1
+        if i < 0:
+            return None
+        slab = _shared_slabs[i]
+        offset = address - slab.ptr
+        if offset + nbytes > slab.size or slab.fd < 0:
+            return None
+        return slab.fd, offset
 
 
 class _Block:

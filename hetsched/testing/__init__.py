@@ -5,6 +5,8 @@
 * :class:`FakeBackend`, :func:`fake_device` -- a backend that runs stages with onnx's
   pure-numpy reference evaluator (or your handler) and records what ran where;
 * :func:`dvfs_knobs` -- every clock knob under a root as bytes, to check a restore;
+* :func:`with_seeded_weights` -- a model whose ``ConstantOfShape`` weights (the onnx wheel's light
+  models) are seeded random initializers, for accuracy checks on fp16/int8 accelerators;
 * :class:`VirtualClock` -- a clock that moves only when the test advances it
   (``Session(clock=VirtualClock())``), so what depends on elapsed time is decided by the test.
 """
@@ -14,6 +16,7 @@ from hetsched._runtime._clock import VirtualClock
 from ._boards import BOARD_SOCS, build_board_tree
 from ._fakes import FakeBackend, FakeCall, FakeStage, fake_device
 from ._knobs import DVFS_KNOB_GLOBS, dvfs_knobs
+from ._models import with_seeded_weights
 
 __all__ = [
     "BOARD_SOCS",
@@ -25,4 +28,5 @@ __all__ = [
     "build_board_tree",
     "dvfs_knobs",
     "fake_device",
+    "with_seeded_weights",
 ]

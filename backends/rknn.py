@@ -1,0 +1,491 @@
+"""RKNN backend: stages on the RK3588 NPU, converted by Rockchip's rknn-toolkit2.
+
+Here (x86-64, or any host without an NPU) every stage is converted by the toolkit and run by
+its **simulator** (the NPU's fp16 / int8 numerics), in a worker process started with the
+toolkit's own Python (``hetsched setup rknn``; ``HETSCHED_RKNN_PYTHON``), tensors passed
+through shared memory. On a twin root the twin still supplies modelled time, power and heat:
+the stage is wrapped like ``backends/sim.py`` wraps its CPU stages. On a board
+(rknn-toolkit-lite2 importable as ``rknnlite.api``, extra ``hetsched[rknn]``) the converted
+``.rknn`` file from the compile cache runs in-process on the NPU cores.
+
+``compile``: prepare the stage (``hetsched._rknn.prepare``: opset 13, Dropout/Identity folded,
+static shapes), look it up in the content-addressed cache (``hetsched._rknn.cache``), convert it
+where the cache has no verdict. A stage the toolkit refused before raises the same
+:class:`~hetsched.CompileError` at once. A cached success counts as a cache hit (no
+conversion) but, in the simulator, still builds the stage once more: the simulator cannot run
+a loaded ``.rknn``.
+
+Device options (``Device.options``, set by ``resolve_devices`` for ``npu``, ``npu:N``, ``npu:0-2``):
+``target`` ("rk3588"), ``core_mask`` (RKNNLite's ``NPU_CORE_*`` value, :data:`NPU_CORE_AUTO`
+for ``npu``), ``float_dtype`` ("float16"), ``quantize`` (bool) with ``dataset`` (the toolkit's
+dataset file), ``shapes`` (fixed free dims, ``{input: (d0, ...)}``), ``cache_dir``, ``workers``
+(``"per-core"``: one worker per NPU core, the default for ``npu``; ``1``).
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from hetsched._errors import (
+    CompileError,
+    DeviceSpecError,
+    HetschedError,
+    StageExecutionError,
+)
+from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
+from hetsched._rknn.prepare import prepare_stage
+
+from ._base import Capabilities, CompiledStage, Device, TensorSpec, WorkerInfo
+from .sim import OP_SETS, SimStage
+
+__all__ = [
+    "NPU_CORES",
+    "NPU_CORE_AUTO",
+    "RknnBackend",
+    "RknnBackendStatistics",
+    "RknnStage",
+    "RknnStageStatistics",
+    "core_mask",
+    "rknn_capabilities",
+]
+
+NPU_CORES = 3
+"""NPU cores of the RK3588 (Rockchip RK3588 datasheet: a 6 TOPS NPU of three cores)."""
+
+NPU_CORE_AUTO = 0
+"""rknn-toolkit-lite2's ``RKNNLite.NPU_CORE_AUTO``; core ``i`` alone is ``1 << i`` (``NPU_CORE_0``
+= 1, ``NPU_CORE_1`` = 2, ``NPU_CORE_2`` = 4), ``NPU_CORE_0_1`` = 3, ``NPU_CORE_0_1_2`` = 7."""
+
+# Listed unsupported by the op-support document yet converted and run correctly by the
+# toolkit (../shared/reference/accelerators.md §1): the list is only a first guess.
+_CONVERTS_ANYWAY = ("Sum", "Einsum", "TopK", "Abs", "Neg", "Reciprocal")
+
+
+def rknn_capabilities() -> Capabilities:
+    """First guess of what the NPU runs: the twin's RKNN op set plus ops measured to convert."""
+    base = OP_SETS["rknn"]
+    dtypes = base.allow[0].dtypes if base.allow else None
+    extra = Capabilities.ops(_CONVERTS_ANYWAY, dtypes=dtypes)
+    return Capabilities(allow=base.allow + extra.allow, deny=base.deny)
+
+
+def core_mask(cores: Sequence[int]) -> int:
+    """The ``NPU_CORE_*`` mask of these cores (``()`` -> :data:`NPU_CORE_AUTO`)."""
+    mask = 0
+    for c in cores:
+        mask |= 1 << c
+    return mask
+
+
+@dataclass(frozen=True)
+class RknnBackendStatistics:
+    conversions: int
+    """Stages converted by the toolkit (refusals included)."""
+    cache_hits: int
+    """Compiles answered by the compile cache (no conversion)."""
+    refusals_cached: int
+    """Of ``cache_hits``, stored refusals (raised at once)."""
+    seconds: float
+    """Toolkit time spent converting."""
+
+
+@dataclass(frozen=True)
+class RknnStageStatistics:
+    runs: int
+    run_seconds: float
+    """Wall time inside the toolkit's runs (simulator or NPU), all contexts."""
+    core_masks: tuple[int, ...]
+    """The core mask each worker context was given, by worker index (``-1``: none yet)."""
+    contexts_started: int
+    """Toolkit contexts built for workers other than the compile-time one (restarts included)."""
+    cached: bool
+    """Whether compiling this stage was a cache hit."""
+    cache_key: str
+
+
+def _io_specs(model: onnx.ModelProto) -> tuple[list[str], list[TensorSpec], list[str], list[TensorSpec]]:
+    """Names and static (dtype, shape) of the prepared stage's inputs and outputs."""
+    inits = {t.name for t in model.graph.initializer}
+
+    def spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim] if tt.HasField("shape") else None
+        if dims is None or any(d <= 0 for d in dims):
+            return None
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)
+
+    ins = [i for i in model.graph.input if i.name not in inits]
+    in_specs = [spec(i) for i in ins]
+    out_specs = [spec(o) for o in model.graph.output]
+    if any(s is None for s in out_specs):
+        # shape inference stopped short (a data-dependent shape): onnxruntime tells on one run
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros(s[1], s[0]) for i, s in zip(ins, in_specs, strict=True) if s is not None}
+        values = sess.run(None, feeds)
+        out_specs = [(np.dtype(v.dtype), tuple(v.shape)) for v in values]
+    return ([i.name for i in ins], [s for s in in_specs if s is not None],
+            [o.name for o in model.graph.output], [s for s in out_specs if s is not None])
+
+
+class _Processes:
+    """The backend's toolkit worker processes, one per (device, worker index), shared by the
+    stages on that worker (one call at a time each; the stages of one worker run one at a time
+    anyway) and closed when the last stage using one lets go."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, int], list[Any]] = {}  # key -> [process, users]
+
+    def acquire(self, device: str, index: int) -> Any:
+        """A live process for this worker (started when there is none or it died).
+
+        :raises BackendUnavailableError: no toolkit environment.
+        :raises ToolkitWorkerError: the process could not start.
+        """
+        from hetsched._rknn.client import ToolkitProcess
+
+        with self._lock:
+            entry = self._procs.get((device, index))
+            if entry is not None and entry[0].alive:
+                entry[1] += 1
+                return entry[0]
+            proc = ToolkitProcess(name=device if index == 0 else f"{device} worker {index}")
+            proc.start()
+            self._procs[(device, index)] = [proc, 1]
+            return proc
+
+    def release(self, proc: Any) -> None:
+        with self._lock:
+            for key, entry in list(self._procs.items()):
+                if entry[0] is proc:
+                    entry[1] -= 1
+                    if entry[1] > 0:
+                        return
+                    del self._procs[key]
+                    break
+        proc.close()
+
+
+@dataclass
+class _Context:
+    """One toolkit context of a stage: a worker process and the stage built in it."""
+
+    proc: Any
+    handle: int
+    mask: int
+    index: int
+
+
+class RknnStage:
+    """A stage converted by rknn-toolkit2, run by its simulator in worker processes.
+
+    A :class:`~hetsched.backends.BindableStage` (the worker process writes outputs in place) and a
+    :class:`~hetsched.backends.WorkerStateStage`: one toolkit context per device worker thread.
+    Worker 0 uses the context built at compile time; the others start and build their own.
+    """
+
+    def __init__(self, backend: RknnBackend, name: str, device: Device, request: Any, compiled: _Context,
+                 specs: tuple[list[str], list[TensorSpec], list[str], list[TensorSpec]], *, cached: bool,
+                 key: str, rknn_path: Path):
+        self._backend = backend
+        self.name = name
+        self.device = device
+        self.request = request
+        self.rknn_path = rknn_path
+        in_names, self._in_specs, out_names, self._out_specs = specs
+        self.input_names = tuple(in_names)
+        self.output_names = tuple(out_names)
+        self._compiled: _Context | None = compiled
+        self._lock = threading.Lock()
+        self._runs = 0
+        self._seconds = 0.0
+        self._masks: dict[int, int] = {}
+        self._started = 0
+        self._cached = cached
+        self._key = key
+        self._live: set[int] = set()  # ids of contexts handed to workers and not closed
+
+    def _error(self, exc: BaseException) -> StageExecutionError:
+        err = StageExecutionError(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
+                                  stage=self.name, device=self.device.name)
+        err.__cause__ = exc
+        return err
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._out_specs)
+
+    def run(self, feeds: Mapping[str, np.ndarray], state: object = None) -> list[np.ndarray]:
+        outputs = [np.empty(shape, dtype) for dtype, shape in self._out_specs]
+        self.run_into(feeds, outputs, state=state)
+        return outputs
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray], state: object = None) -> None:
+        ctx = state if isinstance(state, _Context) else self._compiled
+        try:
+            if ctx is None:
+                raise RuntimeError("the stage is closed")
+            inputs = []
+            for name, (dtype, shape) in zip(self.input_names, self._in_specs, strict=True):
+                arr = np.ascontiguousarray(feeds[name], dtype=dtype)
+                if arr.shape != shape:
+                    raise ValueError(f"input {name!r} has shape {list(arr.shape)}; the converted stage takes "
+                                     f"{list(shape)}")
+                inputs.append(arr)
+            t0 = time.perf_counter()
+            ctx.proc.run(ctx.handle, inputs, outputs)
+            dt = time.perf_counter() - t0
+        except Exception as exc:  # the worker's and numpy's errors alike fail this run only
+            raise self._error(exc) from exc
+        with self._lock:
+            self._runs += 1
+            self._seconds += dt
+
+    def worker_state(self, worker: WorkerInfo) -> _Context:
+        """The toolkit context of worker ``worker.index``: the compile-time one for worker 0 while
+        its process lives, else a new process with the stage built in it.
+
+        :raises StageExecutionError: the process could not start or the build failed.
+        """
+        mask = core_mask_for(self.device, worker.index, len(self._backend.worker_cpus(self.device)))
+        compiled = self._compiled
+        if worker.index == 0 and compiled is not None and compiled.proc.alive and id(compiled) not in self._live:
+            ctx = compiled
+            ctx.mask = mask
+        else:
+            try:
+                proc = self._backend._processes.acquire(self.device.name, worker.index)
+                try:
+                    handle, result = proc.build(self.request)
+                except BaseException:
+                    self._backend._processes.release(proc)
+                    raise
+                if handle is None or not result.ok:
+                    self._backend._processes.release(proc)
+                    raise CompileError(result.message)
+            except HetschedError as exc:
+                raise self._error(exc) from exc
+            ctx = _Context(proc, handle, mask, worker.index)
+            with self._lock:
+                self._started += 1
+        with self._lock:
+            self._masks[worker.index] = mask
+            self._live.add(id(ctx))
+        return ctx
+
+    def close_worker_state(self, state: object) -> None:
+        if not isinstance(state, _Context):
+            return
+        with self._lock:
+            self._live.discard(id(state))
+        if state is self._compiled:
+            return  # kept for plain runs; closed with the stage
+        self._drop(state)
+
+    def _drop(self, ctx: _Context) -> None:
+        try:
+            if ctx.proc.alive:
+                ctx.proc.release(ctx.handle)
+        except HetschedError:
+            pass  # a dead process holds nothing any more
+        finally:
+            self._backend._processes.release(ctx.proc)
+
+    def statistics(self) -> RknnStageStatistics:
+        with self._lock:
+            top = max(self._masks, default=-1)
+            masks = tuple(self._masks.get(i, -1) for i in range(top + 1))
+            return RknnStageStatistics(self._runs, self._seconds, masks, self._started, self._cached, self._key)
+
+    def close(self) -> None:
+        compiled, self._compiled = self._compiled, None
+        if compiled is not None:
+            self._drop(compiled)
+
+
+class _TwinRknnStage(SimStage):
+    """An :class:`RknnStage` on a twin device: the toolkit computes, the twin models time and energy."""
+
+    def __init__(self, inner: RknnStage, name: str, device: Device, flops: float, nbytes: float):
+        super().__init__(inner, name, device, flops, nbytes)
+        self.rknn = inner
+
+    def run(self, feeds: Mapping[str, np.ndarray], state: object = None) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        out = self.rknn.run(feeds, state=state)
+        self._account(time.perf_counter() - t0)
+        return out
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Any, state: object = None) -> None:
+        t0 = time.perf_counter()
+        self.rknn.run_into(feeds, outputs, state=state)
+        self._account(time.perf_counter() - t0)
+
+    def worker_state(self, worker: WorkerInfo) -> object:
+        return self.rknn.worker_state(worker)
+
+    def close_worker_state(self, state: object) -> None:
+        self.rknn.close_worker_state(state)
+
+
+def _costs(model: onnx.ModelProto) -> tuple[float, float]:
+    from hetsched._planning.costs import analytic_node_costs
+    from hetsched._planning.graph import GraphIndex
+
+    costs = analytic_node_costs(GraphIndex(model))
+    return sum(c.flops for c in costs), sum(c.bytes for c in costs)
+
+
+def _on_board(device: Device) -> bool:
+    """A real board: an aarch64 host and a device not on a twin root."""
+    return platform.machine().lower() in ("aarch64", "arm64") and "profile_domain" not in device.options
+
+
+def _load_lite() -> Any:
+    from ._rknn_lite import load_lite
+
+    return load_lite()
+
+
+class RknnBackend:
+    """Rockchip NPU stages (``Device.backend == "rknn"``); see the module docstring."""
+
+    name = "rknn"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._caches: dict[Path, CompileCache] = {}
+        self._versions: dict[str, str] = {}
+        self._processes = _Processes()
+
+    def capabilities(self, device: Device) -> Capabilities:
+        return rknn_capabilities()
+
+    def worker_cpus(self, device: Device) -> list[tuple[int, ...]]:
+        """One worker per NPU core for ``npu`` (``workers="per-core"``, its default), else one.
+
+        :raises DeviceSpecError: ``workers`` is neither 1 nor ``"per-core"``.
+        """
+        auto = int(device.options.get("core_mask", NPU_CORE_AUTO)) == NPU_CORE_AUTO
+        workers = device.options.get("workers", "per-core" if auto else 1)
+        if workers == 1:
+            return [tuple(device.cpus)]
+        if workers == "per-core" or workers == NPU_CORES:
+            return [tuple(device.cpus)] * NPU_CORES
+        raise DeviceSpecError(f"device {device.name!r}: option workers={workers!r} must be 1 or 'per-core'")
+
+    def _cache(self, device: Device) -> CompileCache:
+        directory = default_cache_dir(device.options)
+        with self._lock:
+            cache = self._caches.get(directory)
+            if cache is None:
+                cache = self._caches[directory] = CompileCache(directory)
+            return cache
+
+    def statistics(self) -> RknnBackendStatistics:
+        with self._lock:
+            stats = [c.statistics() for c in self._caches.values()]
+        return RknnBackendStatistics(sum(s.conversions for s in stats), sum(s.cache_hits for s in stats),
+                                     sum(s.refusals_cached for s in stats), sum(s.seconds for s in stats))
+
+    def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
+        """Prepare, look up or convert, and build the stage (see the module docstring).
+
+        :raises CompileError: preparation failed, or the toolkit refused the stage now or before
+            (``"{device}: {the toolkit's message}"``).
+        :raises BackendUnavailableError: no toolkit environment (``hetsched setup rknn``), or on a
+            board without rknn-toolkit-lite2.
+        :raises ToolkitWorkerError: the toolkit's worker process died or could not start.
+        """
+        from hetsched._rknn.client import BuildRequest
+
+        opts = device.options
+        try:
+            prepared = prepare_stage(model, opts.get("shapes"))
+        except CompileError as exc:
+            raise CompileError(f"{device}: {exc}") from exc
+        data = prepared.SerializeToString()
+        cache = self._cache(device)
+        target = str(opts.get("target", "rk3588"))
+        float_dtype = str(opts.get("float_dtype", "float16"))
+        quantize = bool(opts.get("quantize", False))
+        dataset = opts.get("dataset")
+        python = self._python()
+        proc = None
+        version = self._versions.get(python)
+        if version is None:
+            proc = self._processes.acquire(device.name, 0)
+            version = self._versions[python] = str(proc.toolkit_version)
+        key = stage_key(data, toolkit_version=version, target=target, float_dtype=float_dtype, quantize=quantize,
+                        calibration=calibration_hash(dataset) if quantize else None)
+        verdict = cache.lookup(key)
+        if verdict is not None and not verdict.ok:
+            if proc is not None:
+                self._processes.release(proc)
+            raise CompileError(f"{device}: {verdict.message}")
+        onnx_path = cache.put_model(key, data)
+        board = _on_board(device)
+        lite = _load_lite() if board else None  # before converting: a missing runtime is the first error
+        if proc is None:
+            proc = self._processes.acquire(device.name, 0)
+        exported = cache.temp_rknn_path(key) if verdict is None else None
+        request = BuildRequest(onnx_path=str(onnx_path), target=target, float_dtype=float_dtype, quantize=quantize,
+                               dataset=str(dataset) if dataset else None,
+                               export_path=str(exported) if exported else None)
+        try:
+            if board and verdict is not None:
+                handle = None  # the cached .rknn is all the board needs
+            else:
+                handle, result = proc.build(request)
+                if verdict is None:
+                    cache.store(key, Verdict(result.ok, result.message, result.seconds, version, target), exported)
+                if handle is None or not result.ok:
+                    raise CompileError(f"{device}: {result.message}")
+            specs = _io_specs(prepared)
+        except BaseException:
+            self._processes.release(proc)
+            raise
+        if lite is not None:
+            if handle is not None:
+                proc.release(handle)
+            self._processes.release(proc)
+            from ._rknn_lite import LiteStage
+
+            return LiteStage(lite, cache.rknn_path(key), name, device, specs, len(self.worker_cpus(device)))
+        request = BuildRequest(onnx_path=str(onnx_path), target=target, float_dtype=float_dtype,
+                               quantize=quantize, dataset=request.dataset)
+        if handle is None:  # unreachable: only the board path skips the build
+            raise CompileError(f"{device}: stage {name!r} was not built")
+        stage = RknnStage(self, name, device, request, _Context(proc, handle, NPU_CORE_AUTO, 0), specs,
+                          cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key))
+        if "profile_domain" in opts:
+            flops, nbytes = _costs(prepared)
+            return _TwinRknnStage(stage, name, device, flops, nbytes)
+        return stage
+
+    def _python(self) -> str:
+        from hetsched._rknn.env import find_toolkit_python
+
+        return find_toolkit_python()
+
+
+def core_mask_for(device: Device, index: int, workers: int) -> int:
+    """The core mask worker ``index`` of ``device`` runs with: core ``index`` for ``npu`` with
+    per-core workers, else the device's mask as given."""
+    given = int(device.options.get("core_mask", NPU_CORE_AUTO))
+    if given == NPU_CORE_AUTO and workers > 1:
+        return 1 << (index % NPU_CORES)
+    return given
+
+
+backend_class = RknnBackend

@@ -1,0 +1,65 @@
+"""``hetsched setup rknn [--torch SPEC] [--python PY] [--dir DIR]``: make an SDK's environment."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "setup",
+        help="create the separate environment an accelerator SDK needs (rknn: rknn-toolkit2)",
+        description="Create or update the environment an accelerator SDK runs in, apart from hetsched's own.",
+    )
+    sdks = parser.add_subparsers(dest="sdk", metavar="SDK", required=True)
+    from hetsched._rknn.env import DEFAULT_TORCH, TOOLKIT_VERSION
+
+    rknn = sdks.add_parser(
+        "rknn",
+        help=f"rknn-toolkit2 {TOOLKIT_VERSION} (converter and simulator) in its own venv",
+        description=(
+            f"Create a venv with rknn-toolkit2 {TOOLKIT_VERSION} and its pinned dependencies "
+            "(numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4), which cannot share hetsched's environment. "
+            "pip's output goes to setup.log in the environment's directory."
+        ),
+    )
+    rknn.add_argument("--torch", default=DEFAULT_TORCH, metavar="SPEC",
+                      help=f"the torch requirement (default: the toolkit's pin {DEFAULT_TORCH!r})")
+    rknn.add_argument("--python", default=sys.executable, metavar="PY",
+                      help="interpreter to make the venv from, Python 3.8-3.12 (default: this one)")
+    rknn.add_argument("--dir", default=None, metavar="DIR",
+                      help="where to create it (default: $XDG_CACHE_HOME/hetsched/rknn-toolkit2-VERSION)")
+    rknn.set_defaults(func=run_rknn)
+
+
+def run_rknn(args: argparse.Namespace) -> int:
+    from hetsched._rknn.env import ENV_VARIABLE, SetupProgress, setup_toolkit_env, toolkit_env_dir
+
+    t0 = time.monotonic()
+
+    def show(p: SetupProgress) -> None:
+        head = f"[{p.index}/{p.total}] {p.step}"
+        if p.status == "start":
+            print(f"{head} ...", end="", flush=True)
+        elif p.status == "skipped":
+            print(f"{head}: already done", flush=True)
+        else:
+            print(f" done ({p.seconds:.1f} s)", flush=True)
+
+    try:
+        env_dir = setup_toolkit_env(torch=args.torch, python=args.python, directory=args.dir, progress=show)
+    except BaseException:
+        print(" failed", flush=True)
+        raise
+    python = env_dir / "bin" / "python"
+    print(f"RKNN toolkit environment ready in {time.monotonic() - t0:.1f} s: {env_dir}")
+    if args.dir is None or env_dir.resolve() == toolkit_env_dir().resolve():
+        print("hetsched finds it there by itself.")
+    else:
+        print(f"hetsched finds it with: export {ENV_VARIABLE}={python}")
+    return 0
