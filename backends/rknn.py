@@ -17,13 +17,23 @@ a loaded ``.rknn``.
 
 Device options (``Device.options``, set by ``resolve_devices`` for ``npu``, ``npu:N``, ``npu:0-2``):
 ``target`` ("rk3588"), ``core_mask`` (RKNNLite's ``NPU_CORE_*`` value, :data:`NPU_CORE_AUTO`
-for ``npu``), ``float_dtype`` ("float16"), ``quantize`` (bool) with ``dataset`` (the toolkit's
-dataset file), ``shapes`` (fixed free dims, ``{input: (d0, ...)}``), ``cache_dir``, ``workers``
-(``"per-core"``: one worker per NPU core, the default for ``npu``; ``1``).
+for ``npu``), ``float_dtype`` ("float16"), ``quantize`` (bool; INT8 w8a8, default: whether
+``calibration`` is set) with ``calibration`` (a ``hetsched._rknn.calibrate.CalibrationSet``, set
+by ``Session(calibration=...)``: the stage's dataset is computed from it) or ``dataset`` (a
+toolkit dataset file), ``quantized_dtype`` / ``quantized_algorithm``, ``shapes`` (fixed free
+dims, ``{input: (d0, ...)}``), ``cache_dir``, ``workers`` (``"per-core"``: one worker per NPU
+core, the default for ``npu``; ``1``), ``progress`` (called ``(stage, cached, seconds)`` per compile).
+
+Quantized stages still take and return float tensors: the simulator (and lite2 by default)
+quantize inputs and dequantize outputs at the stage's edges. Each compile measures the
+stage's accuracy against fp32 onnxruntime (``hetsched._rknn.accuracy``). On a board the
+``.rknn`` comes from the manifest ``hetsched compile --out DIR`` wrote (``HETSCHED_RKNN_CACHE=DIR``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import platform
 import threading
 import time
@@ -39,10 +49,13 @@ from hetsched._errors import (
     CompileError,
     DeviceSpecError,
     HetschedError,
+    ModelError,
     StageExecutionError,
 )
+from hetsched._rknn.accuracy import StageAccuracy, measure_accuracy, random_samples
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
-from hetsched._rknn.prepare import prepare_stage
+from hetsched._rknn.prepare import io_specs, prepare_stage
+from hetsched._rknn.processes import ToolkitProcesses
 
 from ._base import Capabilities, CompiledStage, Device, TensorSpec, WorkerInfo
 from .sim import OP_SETS, SimStage
@@ -110,71 +123,11 @@ class RknnStageStatistics:
     cached: bool
     """Whether compiling this stage was a cache hit."""
     cache_key: str
-
-
-def _io_specs(model: onnx.ModelProto) -> tuple[list[str], list[TensorSpec], list[str], list[TensorSpec]]:
-    """Names and static (dtype, shape) of the prepared stage's inputs and outputs."""
-    inits = {t.name for t in model.graph.initializer}
-
-    def spec(vi: onnx.ValueInfoProto) -> TensorSpec | None:
-        tt = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim] if tt.HasField("shape") else None
-        if dims is None or any(d <= 0 for d in dims):
-            return None
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)
-
-    ins = [i for i in model.graph.input if i.name not in inits]
-    in_specs = [spec(i) for i in ins]
-    out_specs = [spec(o) for o in model.graph.output]
-    if any(s is None for s in out_specs):
-        # shape inference stopped short (a data-dependent shape): onnxruntime tells on one run
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = {i.name: np.zeros(s[1], s[0]) for i, s in zip(ins, in_specs, strict=True) if s is not None}
-        values = sess.run(None, feeds)
-        out_specs = [(np.dtype(v.dtype), tuple(v.shape)) for v in values]
-    return ([i.name for i in ins], [s for s in in_specs if s is not None],
-            [o.name for o in model.graph.output], [s for s in out_specs if s is not None])
-
-
-class _Processes:
-    """The backend's toolkit worker processes, one per (device, worker index), shared by the
-    stages on that worker (one call at a time each; the stages of one worker run one at a time
-    anyway) and closed when the last stage using one lets go."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: dict[tuple[str, int], list[Any]] = {}  # key -> [process, users]
-
-    def acquire(self, device: str, index: int) -> Any:
-        """A live process for this worker (started when there is none or it died).
-
-        :raises BackendUnavailableError: no toolkit environment.
-        :raises ToolkitWorkerError: the process could not start.
-        """
-        from hetsched._rknn.client import ToolkitProcess
-
-        with self._lock:
-            entry = self._procs.get((device, index))
-            if entry is not None and entry[0].alive:
-                entry[1] += 1
-                return entry[0]
-            proc = ToolkitProcess(name=device if index == 0 else f"{device} worker {index}")
-            proc.start()
-            self._procs[(device, index)] = [proc, 1]
-            return proc
-
-    def release(self, proc: Any) -> None:
-        with self._lock:
-            for key, entry in list(self._procs.items()):
-                if entry[0] is proc:
-                    entry[1] -= 1
-                    if entry[1] > 0:
-                        return
-                    del self._procs[key]
-                    break
-        proc.close()
+    precision: str
+    """``"float16"`` (the toolkit's float dtype as configured) or ``"int8"`` (w8a8, calibrated)."""
+    accuracy: StageAccuracy | None
+    """Against fp32 onnxruntime on the stage's calibration samples (else seeded random inputs),
+    measured at compile time; None on the board (no reference run there)."""
 
 
 @dataclass
@@ -197,7 +150,7 @@ class RknnStage:
 
     def __init__(self, backend: RknnBackend, name: str, device: Device, request: Any, compiled: _Context,
                  specs: tuple[list[str], list[TensorSpec], list[str], list[TensorSpec]], *, cached: bool,
-                 key: str, rknn_path: Path):
+                 key: str, rknn_path: Path, precision: str, model_sha256: str):
         self._backend = backend
         self.name = name
         self.device = device
@@ -215,6 +168,9 @@ class RknnStage:
         self._cached = cached
         self._key = key
         self._live: set[int] = set()  # ids of contexts handed to workers and not closed
+        self.precision = precision
+        self.model_sha256 = model_sha256
+        self.accuracy: StageAccuracy | None = None
 
     def _error(self, exc: BaseException) -> StageExecutionError:
         err = StageExecutionError(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
@@ -305,7 +261,13 @@ class RknnStage:
         with self._lock:
             top = max(self._masks, default=-1)
             masks = tuple(self._masks.get(i, -1) for i in range(top + 1))
-            return RknnStageStatistics(self._runs, self._seconds, masks, self._started, self._cached, self._key)
+            return RknnStageStatistics(self._runs, self._seconds, masks, self._started, self._cached, self._key,
+                                       self.precision, self.accuracy)
+
+    def io_specs(self) -> tuple[tuple[str, TensorSpec], ...]:
+        """(name, (dtype, shape)) of the inputs, then the outputs: what the stage takes and returns
+        (float tensors for an INT8 stage too: the toolkit quantizes and dequantizes at its edges)."""
+        return tuple(zip(self.input_names + self.output_names, self._in_specs + self._out_specs, strict=True))
 
     def close(self) -> None:
         compiled, self._compiled = self._compiled, None
@@ -366,7 +328,7 @@ class RknnBackend:
         self._lock = threading.Lock()
         self._caches: dict[Path, CompileCache] = {}
         self._versions: dict[str, str] = {}
-        self._processes = _Processes()
+        self._processes = ToolkitProcesses()
 
     def capabilities(self, device: Device) -> Capabilities:
         return rknn_capabilities()
@@ -418,60 +380,99 @@ class RknnBackend:
         cache = self._cache(device)
         target = str(opts.get("target", "rk3588"))
         float_dtype = str(opts.get("float_dtype", "float16"))
-        quantize = bool(opts.get("quantize", False))
-        dataset = opts.get("dataset")
+        calibration = opts.get("calibration")  # a CalibrationSet (Session(calibration=...))
+        quantize = bool(opts.get("quantize", calibration is not None))
+        precision = "int8" if quantize else float_dtype
+        if _on_board(device):
+            return self._board_stage(prepared, data, device, name, target,
+                                     precision if "quantize" in opts or calibration is not None else None)
+        specs = io_specs(prepared)
+        q_dtype, q_algo = opts.get("quantized_dtype"), opts.get("quantized_algorithm")
         python = self._python()
-        proc = None
-        version = self._versions.get(python)
-        if version is None:
-            proc = self._processes.acquire(device.name, 0)
-            version = self._versions[python] = str(proc.toolkit_version)
-        key = stage_key(data, toolkit_version=version, target=target, float_dtype=float_dtype, quantize=quantize,
-                        calibration=calibration_hash(dataset) if quantize else None)
-        verdict = cache.lookup(key)
-        if verdict is not None and not verdict.ok:
+        proc = None if python in self._versions else self._processes.acquire(device.name, 0)
+        try:
+            version = self._versions.setdefault(python, str(proc.toolkit_version if proc else ""))
+            dataset, calib = self._dataset(device, cache, calibration, specs[0]) if quantize else (None, None)
+            key = stage_key(data, toolkit_version=version, target=target, float_dtype=float_dtype, quantize=quantize,
+                            quantized_dtype=q_dtype, quantized_algorithm=q_algo, calibration=calib)
+            verdict = cache.lookup(key)
+            if verdict is not None and not verdict.ok:
+                raise CompileError(f"{device}: {verdict.message}")
+            onnx_path = cache.put_model(key, data)
+            if proc is None:
+                proc = self._processes.acquire(device.name, 0)
+            exported = cache.temp_rknn_path(key) if verdict is None else None
+            request = BuildRequest(onnx_path=str(onnx_path), target=target, float_dtype=float_dtype, quantize=quantize,
+                                   dataset=dataset, quantized_dtype=q_dtype, quantized_algorithm=q_algo)
+            t0 = time.perf_counter()
+            handle, result = proc.build(dataclasses.replace(request, export_path=str(exported) if exported else None))
+            if verdict is None:
+                cache.store(key, Verdict(result.ok, result.message, result.seconds, version, target), exported)
+            if handle is None or not result.ok:
+                raise CompileError(f"{device}: {result.message}")
+        except BaseException:
             if proc is not None:
                 self._processes.release(proc)
-            raise CompileError(f"{device}: {verdict.message}")
-        onnx_path = cache.put_model(key, data)
-        board = _on_board(device)
-        lite = _load_lite() if board else None  # before converting: a missing runtime is the first error
-        if proc is None:
-            proc = self._processes.acquire(device.name, 0)
-        exported = cache.temp_rknn_path(key) if verdict is None else None
-        request = BuildRequest(onnx_path=str(onnx_path), target=target, float_dtype=float_dtype, quantize=quantize,
-                               dataset=str(dataset) if dataset else None,
-                               export_path=str(exported) if exported else None)
-        try:
-            if board and verdict is not None:
-                handle = None  # the cached .rknn is all the board needs
-            else:
-                handle, result = proc.build(request)
-                if verdict is None:
-                    cache.store(key, Verdict(result.ok, result.message, result.seconds, version, target), exported)
-                if handle is None or not result.ok:
-                    raise CompileError(f"{device}: {result.message}")
-            specs = _io_specs(prepared)
-        except BaseException:
-            self._processes.release(proc)
             raise
-        if lite is not None:
-            if handle is not None:
-                proc.release(handle)
-            self._processes.release(proc)
-            from ._rknn_lite import LiteStage
-
-            return LiteStage(lite, cache.rknn_path(key), name, device, specs, len(self.worker_cpus(device)))
-        request = BuildRequest(onnx_path=str(onnx_path), target=target, float_dtype=float_dtype,
-                               quantize=quantize, dataset=request.dataset)
-        if handle is None:  # unreachable: only the board path skips the build
-            raise CompileError(f"{device}: stage {name!r} was not built")
         stage = RknnStage(self, name, device, request, _Context(proc, handle, NPU_CORE_AUTO, 0), specs,
-                          cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key))
+                          cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key), precision=precision,
+                          model_sha256=hashlib.sha256(data).hexdigest())
+        try:
+            stage.accuracy = self._accuracy(stage, data, calibration)
+        except BaseException:
+            stage.close()
+            raise
+        progress = opts.get("progress")
+        if callable(progress):
+            progress(name, verdict is not None, time.perf_counter() - t0)
         if "profile_domain" in opts:
             flops, nbytes = _costs(prepared)
             return _TwinRknnStage(stage, name, device, flops, nbytes)
         return stage
+
+    @staticmethod
+    def _dataset(device: Device, cache: CompileCache, calibration: Any,
+                 in_names: Sequence[str]) -> tuple[str, str | None]:
+        """The toolkit dataset file of an INT8 stage and the hash its cache key takes.
+
+        :raises CompileError: neither calibration feeds nor a ``dataset`` option.
+        """
+        if calibration is not None:
+            path, digest = calibration.write_dataset(cache.directory, in_names)
+            return str(path), digest
+        given = device.options.get("dataset")
+        if not given:
+            raise CompileError(f"{device}: INT8 needs calibration data (Session(calibration=...), "
+                               "--calibration DIR, or a dataset option)")
+        return str(given), calibration_hash(given)
+
+    @staticmethod
+    def _accuracy(stage: RknnStage, data: bytes, calibration: Any) -> StageAccuracy | None:
+        """The stage in the simulator vs fp32 onnxruntime (module ``hetsched._rknn.accuracy``)."""
+        in_specs = [spec for _n, spec in stage.io_specs()[: len(stage.input_names)]]
+        if calibration is not None:
+            samples, source = calibration.tensors(stage.input_names), "calibration"
+        else:
+            samples, source = random_samples(in_specs), "random"
+
+        def run(sample: Sequence[np.ndarray]) -> list[np.ndarray]:
+            return stage.run(dict(zip(stage.input_names, sample, strict=True)))
+
+        try:
+            return measure_accuracy(data, stage.input_names, samples, run, source=source)
+        except ModelError:
+            return None  # onnxruntime cannot run the stage alone: no reference, not a failure
+
+    def _board_stage(self, prepared: onnx.ModelProto, data: bytes, device: Device, name: str, target: str,
+                     precision: str | None) -> CompiledStage:
+        """The board path: the ``.rknn`` the manifest of the cache directory names for this stage."""
+        from hetsched._rknn.manifest import board_rknn_path
+
+        from ._rknn_lite import LiteStage
+
+        lite = _load_lite()  # before anything else: a missing runtime is the first error
+        path = board_rknn_path(self._cache(device).directory, data, target=target, precision=precision)
+        return LiteStage(lite, path, name, device, io_specs(prepared), len(self.worker_cpus(device)))
 
     def _python(self) -> str:
         from hetsched._rknn.env import find_toolkit_python

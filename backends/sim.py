@@ -41,6 +41,11 @@ _CNN_CORE = (
     "Concat", "Dropout", "Identity", "LRN", "Softmax", "Resize", "Pad",
 )
 
+# Listed unsupported by RKNN-Toolkit2's operator support document, yet converted and run
+# correctly by the toolkit (../shared/reference/accelerators.md §1); the twin's NPU takes them
+# as the real backend's first guess does (a CNN's residual ``Sum`` stays on the NPU).
+_RKNN_CONVERTS_ANYWAY = ("Sum", "Einsum", "TopK", "Abs", "Neg", "Reciprocal")
+
 # Op limits per accelerator family (docs/sources.md [rknn-ops], [trt-dla]): RKNN runs a CNN
 # core set plus reshaping/matmul (RKNN-Toolkit2 operator support list); TensorRT DLA runs
 # convolutional layers in FP16/INT8 only (no MatMul, no data-dependent shapes; TensorRT
@@ -55,8 +60,8 @@ OP_SETS: Mapping[str, Capabilities] = {
                               "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Gemm", "MatMul", "ReduceMean",
                               "ReduceSum", "ReduceMax", "GlobalMaxPool", "InstanceNormalization",
                               "LayerNormalization", "Gather"), dtypes=_FLOATS),
-    "rknn": Capabilities.ops((*_CNN_CORE, "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Split", "Slice"),
-                             dtypes=_FLOATS),
+    "rknn": Capabilities.ops((*_CNN_CORE, "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Split", "Slice",
+                              *_RKNN_CONVERTS_ANYWAY), dtypes=_FLOATS),
     "dla": Capabilities.ops((*_CNN_CORE, "Tanh"), dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
 }
 
@@ -205,17 +210,28 @@ def twin_devices(
                 kind=kind,
                 backend="sim",
                 cpus=(cpus[i % len(cpus)],),
-                memory_domain="dram",
+                # unified-memory SoCs: every domain writes the same DRAM the host's buffers live in,
+                # as the RKNN backend's NPU device (memory domain "host") does
+                memory_domain="host",
                 domain=d.name,
                 capacity=float(d.capacity_dmips_mhz),
                 max_freq_khz=d.max_hz // 1000,
                 peak_flops=d.ops_per_cycle * d.max_hz,
                 mem_bandwidth=bw,
                 options={"clock": clock_fn, "profile_domain": d, "memory_domain_profile": mem,
-                         "op_set": op_set, "soc": profile.name, "role": role, "simulated": True},
+                         "op_set": op_set, "soc": profile.name, "role": role, "simulated": True,
+                         "launch_s": launch_seconds(kind)},
             )
         )
     return out
+
+
+def launch_seconds(kind: str) -> float:
+    """The modelled fixed cost of one stage call on a twin device of ``kind`` (the planner's
+    prior for that kind, ``hetsched._planning.costs.LAUNCH_S``)."""
+    from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S
+
+    return LAUNCH_S.get(kind, STAGE_OVERHEAD_S)
 
 
 def _op_set_for(profile: Any, domain: Any) -> str:

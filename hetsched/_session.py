@@ -172,7 +172,13 @@ class Session:
         by hand, so nothing it checks depends on how fast the machine is).
     :param shapes: ``{input name: dims}`` fixing free dimensions for backends that need static
         shapes (passed to each compile in the device's options under ``"shapes"``).
-    :raises ModelError: the model could not be loaded (on ``__aenter__``).
+    :param calibration: feed dicts for the model's graph inputs (an iterable, read once here, at
+        most 64 used): NPU stages are quantized to INT8 (w8a8) and calibrated with the tensors
+        their upstream stages produce for these feeds (computed on the host by onnxruntime); each
+        NPU stage's accuracy against fp32 onnxruntime is measured on them (``statistics()`` of the
+        stage). Without it NPU stages stay fp16.
+    :raises ModelError: the model could not be loaded (on ``__aenter__``), or a calibration feed
+        misses a graph input.
     :raises PartitionError, PlacementError, DeviceSpecError, CompileError: planning failed.
     :raises TransferError: a device's memory domain is not in ``topology``.
     :raises BufferLeakError: on exit, pool buffers were still referenced (unreleased
@@ -201,6 +207,7 @@ class Session:
         pool_capacity_bytes: int | Mapping[str, int | None] | None = None,
         clock: Clock | None = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
+        calibration: Iterable[Mapping[str, Any]] | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -238,6 +245,8 @@ class Session:
         self._host = "host"
         self._retired_runs = 0
         self._shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+        self._calibration_feeds = list(calibration) if calibration is not None else None
+        self._calibration: object = None  # the CalibrationSet, built with the model's index
         # (unit key, device) -> the backend's message: found by trying, kept for every re-plan
         self._refusals: dict[tuple[str, str], str] = {}
         self._compile_base = CompileStatistics()
@@ -343,8 +352,13 @@ class Session:
             return build_plan(index, self._devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
                               device_states=self._device_states, costs=self.costs if use_costs else None)
 
+        if self._calibration_feeds is not None and self._calibration is None:
+            from ._rknn.calibrate import CalibrationSet
+
+            self._calibration = CalibrationSet(index.model, self._calibration_feeds)
         plan, stages = await anyio.to_thread.run_sync(
-            lambda: plan_and_compile(index, build, self._refusals, shapes=self._shapes))
+            lambda: plan_and_compile(index, build, self._refusals, shapes=self._shapes,
+                                     calibration=self._calibration))
         old = self._stages
         self._plan, self._stages = plan, stages
         for st in old:
@@ -391,6 +405,20 @@ class Session:
         if self._index is None:
             raise RuntimeStateError("Session is not open: use 'async with Session(...)'")
         return self._index
+
+    def stage_statistics(self) -> dict[str, Any]:
+        """Per stage name, what its compiled stage reports (its backend's frozen ``statistics()``
+        dataclass: a twin stage's modelled time and energy, an NPU stage's precision, accuracy
+        and core masks, ...), or None for a backend that reports nothing.
+
+        :raises RuntimeStateError: the session is not open.
+        """
+        self._require_index()
+        out: dict[str, Any] = {}
+        for st in self._stages:
+            stats = getattr(st.compiled, "statistics", None)
+            out[st.spec.name] = stats() if callable(stats) else None
+        return out
 
     def statistics(self) -> SessionStatistics:
         """A snapshot of requests, stage runs, the pools and the transfer engine."""

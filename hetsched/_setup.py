@@ -105,12 +105,16 @@ def _parallel(fn: Callable[[Any], _T], items: Sequence[Any]) -> list[_T | BaseEx
         return list(pool.map(guarded, items))
 
 
-def _with_shapes(dev: Device, shapes: Mapping[str, Sequence[int]] | None) -> Device:
+def _with_shapes(dev: Device, shapes: Mapping[str, Sequence[int]] | None, calibration: object = None) -> Device:
     """The device a backend compiles for: ``shapes`` (fixed free dimensions, for backends that
-    need static shapes) in a copy of its options under ``"shapes"``."""
-    if not shapes:
-        return dev
-    return dataclasses.replace(dev, options={**dev.options, "shapes": {k: tuple(v) for k, v in shapes.items()}})
+    need static shapes) in a copy of its options under ``"shapes"``, and ``calibration`` (a
+    ``hetsched._rknn.calibrate.CalibrationSet``: backends that quantize read it) under ``"calibration"``."""
+    extra: dict[str, Any] = {}
+    if shapes:
+        extra["shapes"] = {k: tuple(v) for k, v in shapes.items()}
+    if calibration is not None:
+        extra["calibration"] = calibration
+    return dataclasses.replace(dev, options={**dev.options, **extra}) if extra else dev
 
 
 def _compile_one(index: GraphIndex, dev: Device, spec: StageSpec) -> CompiledStage:
@@ -125,15 +129,15 @@ def _raise_collected(errors: Sequence[BaseException]) -> None:
     raise first
 
 
-def compile_stages(index: GraphIndex, plan: Plan, *,
-                   shapes: Mapping[str, Sequence[int]] | None = None) -> list[StageRuntime]:
+def compile_stages(index: GraphIndex, plan: Plan, *, shapes: Mapping[str, Sequence[int]] | None = None,
+                   calibration: object = None) -> list[StageRuntime]:
     """Compile every stage of ``plan`` for its device, concurrently (blocking; on failure the
     stages that compiled are closed).
 
     :raises CompileError: a backend refused a stage (other failures in the notes).
     :raises BackendError: a backend could not compile at all (e.g. its toolkit is missing).
     """
-    stages, failures = _try_compile(index, plan, shapes)
+    stages, failures = _try_compile(index, plan, shapes, calibration)
     if failures:
         for st in stages:
             st.compiled.close()
@@ -142,9 +146,9 @@ def compile_stages(index: GraphIndex, plan: Plan, *,
 
 
 def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[int]] | None,
-                 ) -> tuple[list[StageRuntime], list[tuple[StageSpec, BaseException]]]:
+                 calibration: object = None) -> tuple[list[StageRuntime], list[tuple[StageSpec, BaseException]]]:
     """The stages that compiled and the (stage, error) of those that did not."""
-    by_name = {d.name: _with_shapes(d, shapes) for d in plan.devices}
+    by_name = {d.name: _with_shapes(d, shapes, calibration) for d in plan.devices}
     node_costs = analytic_node_costs(index)
     results = _parallel(lambda spec: _compile_one(index, by_name[spec.device], spec), plan.stages)
     out: list[StageRuntime] = []
@@ -163,7 +167,7 @@ def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[in
 
 def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str], str]], Plan],
                      refusals: Refusals, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                     ) -> tuple[Plan, list[StageRuntime]]:
+                     calibration: object = None) -> tuple[Plan, list[StageRuntime]]:
     """Plan with ``build(refusals)`` and compile; where a stage raises :class:`CompileError`,
     find the units its device refuses, add them to ``refusals`` and plan again (blocking).
 
@@ -178,7 +182,7 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
     """
     while True:
         plan = build(refusals)
-        stages, failures = _try_compile(index, plan, shapes)
+        stages, failures = _try_compile(index, plan, shapes, calibration)
         if not failures:
             return plan, stages
         for st in stages:
@@ -186,11 +190,12 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
         fatal = [exc for _, exc in failures if not isinstance(exc, CompileError)]
         if fatal:
             _raise_collected(fatal)
-        refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes))
+        refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes, calibration))
 
 
 def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSpec, str]],
-                   shapes: Mapping[str, Sequence[int]] | None) -> dict[tuple[str, str], str]:
+                   shapes: Mapping[str, Sequence[int]] | None, calibration: object = None,
+                   ) -> dict[tuple[str, str], str]:
     """The (unit key, device) pairs of the failed stages' units that do not compile alone."""
     drafts = [UnitDraft(u.id, plan.unit_nodes[u.id], 1) for u in plan.units]
     assignment = dict(plan.placement.assignment)
@@ -200,7 +205,7 @@ def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSp
     singles = {s.units[0]: s for s in merge_stages(index, drafts, assignment, [u.preds for u in plan.units],
                                                    [u.succs for u in plan.units])
                if len(s.units) == 1 and s.device.startswith("\0unit")}
-    by_name = {d.name: _with_shapes(d, shapes) for d in plan.devices}
+    by_name = {d.name: _with_shapes(d, shapes, calibration) for d in plan.devices}
     jobs = [(u, spec.device) for spec, _ in failed for u in spec.units if u in singles]
     results = _parallel(lambda job: _compile_one(index, by_name[job[1]], singles[job[0]]), jobs)
     found: dict[tuple[str, str], str] = {}

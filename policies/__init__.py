@@ -16,6 +16,7 @@ from typing import Any
 from hetsched._errors import PlacementError
 
 from ._builtin import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+from ._consolidate import consolidate, makespan
 from ._problem import (
     DeviceState,
     Link,
@@ -37,7 +38,9 @@ __all__ = [
     "PowerThermalWeighted",
     "RandomPolicy",
     "Unit",
+    "consolidate",
     "get_policy",
+    "makespan",
     "policy_name",
     "validate_placement",
 ]

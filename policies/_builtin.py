@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 from hetsched._errors import PlacementError
 
+from ._consolidate import consolidate
 from ._problem import Placement, PlacementProblem, Unit
 
 __all__ = ["HEFT", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
@@ -32,13 +33,17 @@ class PowerThermalWeighted:
     """
 
     def __init__(self, w_util: float = 0.4, w_temp: float = 0.3, w_power: float = 0.3, *,
-                 min_score: float = 0.05, sharpness: float = 1.0):
+                 min_score: float = 0.05, sharpness: float = 1.0, consolidate: bool = True):
+        """:param consolidate: after placing, fold islands of units into the device around them
+            where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
+        """
         if min(w_util, w_temp, w_power) < 0 or w_util + w_temp + w_power <= 0:
             raise ValueError("weights must be non-negative and not all zero")
         total = w_util + w_temp + w_power
         self.w_util, self.w_temp, self.w_power = w_util / total, w_temp / total, w_power / total
         self.min_score = min_score
         self.sharpness = sharpness
+        self.consolidate = consolidate
 
     def score(self, util: float, temp_headroom: float, power_headroom: float) -> float:
         return (self.w_util * (1.0 - _clamp01(util)) + self.w_temp * _clamp01(temp_headroom)
@@ -79,7 +84,8 @@ class PowerThermalWeighted:
             finish[unit.id] = best_finish
             free_at[best_dev] = best_finish
             terms[unit.id] = unit_terms
-        return Placement(assignment, "power-thermal", terms)
+        placement = Placement(assignment, "power-thermal", terms)
+        return consolidate(problem, placement) if self.consolidate else placement
 
 
 class HEFT:
@@ -90,12 +96,15 @@ class HEFT:
     time, inserting into idle gaps of a device's timeline.
     """
 
-    def __init__(self, insertion: bool = True, *, gap_window: int | None = 64):
+    def __init__(self, insertion: bool = True, *, gap_window: int | None = 64, consolidate: bool = True):
         """:param insertion: insert into idle gaps of a device's timeline (classic HEFT).
         :param gap_window: examine at most this many gaps after a unit's ready time (None =
             all). Exact insertion HEFT is quadratic on long graphs, where timelines fill with
             tiny gaps that can never hold a unit; the window keeps planning linear.
+        :param consolidate: after placing, fold islands of units into the device around them
+            where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
         """
+        self.consolidate = consolidate
         self.insertion = insertion
         self.gap_window = gap_window
 
@@ -180,7 +189,8 @@ class HEFT:
             else:
                 tl.append((best_start, best_eft))
             terms[uid] = ut
-        return Placement(assignment, "heft", terms)
+        placement = Placement(assignment, "heft", terms)
+        return consolidate(problem, placement) if self.consolidate else placement
 
     def _slot(self, tl: list[tuple[float, float]], ready: float, dur: float,
               ends: list[float] | None = None) -> float:

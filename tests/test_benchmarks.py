@@ -32,7 +32,21 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
                     {"energy_vs_performance", "energy_vs_best_static", "slowdown_vs_performance", "throttle_events",
                      "performance_throttle_events", "cases"}),
     "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"], {"frontier_energy_vs_performance", "cases"}),
+    "rknn.py": (["--models", "squeezenet", "--inputs", "1"],
+                {"min_cosine", "npu_flops_fraction_min", "cached_open_ratio",
+                 "modelled_energy_vs_cpu_only_max", "targets", "models"}),
 }
+
+
+def _has_rknn_toolkit() -> bool:
+    from hetsched import BackendUnavailableError
+    from hetsched._rknn.env import find_toolkit_python
+
+    try:
+        find_toolkit_python()
+    except BackendUnavailableError:
+        return False
+    return True
 
 
 def _run(name: str, args: list[str], tmp_path: Path) -> dict[str, Any]:
@@ -49,11 +63,17 @@ def test_every_benchmark_has_a_smoke_run() -> None:
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> None:
     args, fields = SMOKE[name]
+    if name == "rknn.py" and not _has_rknn_toolkit():
+        pytest.skip("no rknn-toolkit2 environment (hetsched setup rknn)")
     result = _run(name, args, tmp_path)
     assert fields <= set(result), sorted(fields - set(result))
     if name == "zero_copy.py":
         assert result["wrong_outputs"] == 0 and result["live_buffers_after"] == 0
         assert result["bytes_copied_same_domain"] == 0 and result["pointer_mismatches"] == 0
+    if name == "rknn.py":
+        (row,) = result["models"]
+        assert row["conversions"] > 0 and row["cached_conversions"] == 0 and row["cache_hits"] > 0
+        assert result["min_cosine"] >= 0.999  # the simulator's fp16 agrees with onnxruntime
     if name == "governor.py":
         assert [c["soc"] for c in result["cases"]] == ["rk3588"]
         assert "hetsched_deadline_energy_vs_performance" in result["cases"][0]

@@ -39,5 +39,7 @@ def test_demo_on_a_simulated_soc(capsys: pytest.CaptureFixture[str]) -> None:
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["soc"] == "rk3588"
     assert summary["max_abs_diff_vs_onnxruntime"] == 0.0
-    assert summary["stages"] >= 2
+    # The CNN belongs on an accelerator, kept whole (no stage of its own for its constant weights).
+    assert summary["stages"] >= 1
     assert set(summary["stages_per_device"]) <= {"cluster0", "cluster4", "cluster6", "gpu", "npu"}
+    assert set(summary["stages_per_device"]) & {"gpu", "npu"}

@@ -117,6 +117,10 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
     install_demo, install_test = m.group(1).strip(), m.group(2).strip()
     assert "pip install" in install_demo and install_demo.endswith("hetsched demo")
     assert "pip install" in install_test and "pytest" in install_test
+    # A new user's test run exercises Rockchip's real toolkit and simulator too: the toolkit's own
+    # environment is made before pytest runs (its tests skip only when it is missing).
+    assert "hetsched setup rknn" in install_test
+    assert install_test.index("hetsched setup rknn") < install_test.index("pytest")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     ci_commands = [line.strip() for line in ci if line.strip() and not line.lstrip().startswith("#")]
     assert ci_commands[-1] == install_test

@@ -16,25 +16,28 @@ from hetsched.testing import build_board_tree
 pytestmark = pytest.mark.anyio
 
 
-def _conv_then_topk() -> onnx.ModelProto:
-    """Conv (an NPU op) followed by TopK (which RKNN cannot run) and a Relu."""
+def _conv_then_cumsum() -> onnx.ModelProto:
+    """Conv (an NPU op) and a Relu followed by CumSum (which the twin's RKNN op set lacks).
+
+    (TopK served here until the toolkit was measured to convert and run it: accelerators.md §1.)
+    """
     w = helper.make_tensor("w", TensorProto.FLOAT, [8, 3, 3, 3], np.random.default_rng(0).standard_normal(216).astype(np.float32))
-    k = helper.make_tensor("k", TensorProto.INT64, [1], [5])
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
         helper.make_node("Flatten", ["r"], ["f"], name="flat"),
-        helper.make_node("TopK", ["f", "k"], ["vals", "idx"], name="topk"),
+        helper.make_node("CumSum", ["f", "axis"], ["vals"], name="cumsum"),
     ]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                          [helper.make_tensor_value_info("vals", TensorProto.FLOAT, [1, 5]),
-                           helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 5])], [w, k])
+                          [helper.make_tensor_value_info("vals", TensorProto.FLOAT, [1, 2048])], [w, axis])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_op_limits() -> None:
     assert OP_SETS["rknn"].supports("Conv", "", 17, [TensorProto.FLOAT])
-    assert not OP_SETS["rknn"].supports("TopK", "", 17, [TensorProto.FLOAT])
+    assert not OP_SETS["rknn"].supports("CumSum", "", 17, [TensorProto.FLOAT])
+    assert not OP_SETS["rknn"].supports("NonMaxSuppression", "", 17, [TensorProto.FLOAT])
     assert not OP_SETS["dla"].supports("MatMul", "", 17, [TensorProto.FLOAT])
     # DLA runs FP16/INT8 engines: a double-precision conv is not its business.
     assert not OP_SETS["dla"].supports("Conv", "", 17, [TensorProto.DOUBLE])
@@ -56,20 +59,19 @@ def test_twin_devices_describe_the_board() -> None:
 
 
 async def test_unsupported_op_falls_back_and_outputs_are_exact() -> None:
-    model = _conv_then_topk()
+    model = _conv_then_cumsum()
     x = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     devices = [d for d in twin_devices("rk3588") if d.name in ("cluster0", "npu")]
-    # Pin everything possible to the NPU: TopK cannot go there and must land on the CPU.
+    # Pin everything possible to the NPU: CumSum cannot go there and must land on the CPU.
     policy = lambda problem: {u.id: ("npu" if "npu" in u.candidates else "cluster0") for u in problem.units}  # noqa: E731
     async with Session(model, devices=devices, policy=policy) as s:
         out = await s.run(None, {"x": x})
         placed = {st.device for st in s.plan.stages}
-        topk_unit = next(u for u in s.plan.units if "TopK" in u.op_types)
-        assert topk_unit.candidates == ("cluster0",)
-        assert s.plan.placement.assignment[topk_unit.id] == "cluster0"
+        tail_unit = next(u for u in s.plan.units if "CumSum" in u.op_types)
+        assert tail_unit.candidates == ("cluster0",)
+        assert s.plan.placement.assignment[tail_unit.id] == "cluster0"
         assert placed == {"npu", "cluster0"}
-    np.testing.assert_array_equal(out[1], ref[1])
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
 
 

@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = (
     "hetsched._cli._top",
     "hetsched._cli._twin",
     "hetsched._cli._setup",
+    "hetsched._cli._compile",
 )
 
 

@@ -1,6 +1,6 @@
 """``hetsched demo``: the main job on the embedded default model.
 
-Splits ``light_squeezenet`` (shipped inside the onnx wheel) across the host's devices,
+Places ``light_squeezenet`` (shipped inside the onnx wheel) on the host's devices (split into stages where that pays),
 prints the placement table, runs requests, checks every output against bare
 onnxruntime and prints latency.
 """
@@ -93,7 +93,8 @@ def main(args: argparse.Namespace) -> int:
                   f"max {args.max_unit_nodes} nodes per unit")
             print(f"devices: {', '.join(summary['devices'])}\n")
             print(s.plan.table())
-            print(f"\n{len(s.plan.stages)} stages on {len(stages_per_device)} devices; outputs match onnxruntime "
+            n_st, n_dev = len(s.plan.stages), len(stages_per_device)
+            print(f"\n{n_st} stage{'s' * (n_st != 1)} on {n_dev} device{'s' * (n_dev != 1)}; outputs match onnxruntime "
                   f"(max abs diff {max_diff:.2e})")
             print(f"single request latency: median {summary['latency_ms_median']:.2f} ms over {args.requests}")
             print(f"{n_conc} concurrent requests, pipelined: {summary['pipelined_throughput_rps']:.1f} req/s")

@@ -13,6 +13,7 @@ import json
 import anyio
 
 from ._common import add_devices_args, add_shape_arg, parse_shapes, resolve_model_arg, select_devices
+from ._compile import add_int8_args, calibration_arg, with_accuracy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", metavar="DIR", help="plan for the board whose sysfs tree is under DIR (a twin's root): "
                    "its devices; with --devices, some of them by name (or devices found under DIR, e.g. an NPU)")
     add_shape_arg(p)
+    add_int8_args(p)
     p.add_argument("--profile", action="store_true", help="measure units on each device, then re-plan")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=main)
@@ -31,15 +33,18 @@ def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
     shapes = parse_shapes(args.shape, "hetsched plan")
+    calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched plan")
     devices = select_devices(args.devices, args.root)
 
     async def go() -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
-                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes) as s:
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes, calibration=calibration) as s:
             if args.profile:
                 await s.profile()
             if args.json:
-                print(json.dumps(s.plan.to_json(), indent=1))
+                data = s.plan.to_json()
+                data["stages"] = with_accuracy(s, data["stages"])
+                print(json.dumps(data, indent=1))
             else:
                 print(f"policy: {s.plan.placement.policy}; devices: {', '.join(d.name for d in s.devices)}")
                 print(s.plan.table())

@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -33,6 +34,7 @@ from ._common import (
     select_devices,
     stage_rows,
 )
+from ._compile import add_int8_args, calibration_arg, with_accuracy
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "its devices are simulated, stages report modelled time and energy at the tree's clocks; "
                    "with --devices, pick some of them by name (or devices found under DIR, e.g. an NPU)")
     add_shape_arg(p)
+    add_int8_args(p)
     p.add_argument("--check", action="store_true",
                    help="compare every output with bare onnxruntime on the host for the same inputs")
     g = p.add_argument_group("DVFS governor (needs --root, or root privileges on a real board with --root /)")
@@ -96,17 +99,14 @@ async def stream_requests(session: object, feeds: dict, n: int, progress: Progre
     return done
 
 
-def modelled_rows(session: object) -> list[dict]:
+def modelled_rows(session: Any) -> list[dict]:
     rows = []
-    for st in session._stages:  # type: ignore[attr-defined]
-        stats = getattr(st.compiled, "statistics", None)
-        if stats is None:
-            continue
-        x = stats()
-        if not hasattr(x, "modelled_time_s"):
-            continue  # a stage that runs for real (e.g. an RKNN stage) models no time or energy
+    devices = {st.name: st.device for st in session.plan.stages}
+    for name, x in session.stage_statistics().items():
+        if x is None or not hasattr(x, "modelled_time_s"):
+            continue  # a stage that runs for real models no time or energy
         if x.runs:
-            rows.append({"stage": st.spec.name, "device": st.spec.device, "runs": x.runs,
+            rows.append({"stage": name, "device": devices[name], "runs": x.runs,
                          "time_ms_per_run": x.modelled_time_s / x.runs * 1e3,
                          "energy_mj_per_run": x.modelled_energy_j / x.runs * 1e3})
     return rows
@@ -141,6 +141,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("hetsched run: --requests must be >= 1")
 
     shapes = parse_shapes(args.shape, "hetsched run")
+    calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched run")
     devices = select_devices(args.devices, args.root)
 
     if args.governor != "none" and not args.root:
@@ -150,20 +151,20 @@ def main(args: argparse.Namespace) -> int:
     async def serve(hooks: list) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
                            max_unit_nodes=args.max_unit_nodes, root=args.root or "/", hooks=hooks,
-                           shapes=shapes) as s:
+                           shapes=shapes, calibration=calibration) as s:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
             progress = Progress(args.requests, enabled=True if args.progress else None)
             t0 = time.perf_counter()
             if args.stream:
                 done = await stream_requests(s, feeds, args.requests, progress)
                 wall = time.perf_counter() - t0
-                summary: dict = {"model": str(args.model), "stages": stage_rows(s.plan), "requests": done,
+                summary: dict = {"model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": done,
                                  "mode": "stream", "throughput_rps": done / wall}
             else:
                 lat = await run_requests(s, feeds, args.requests, args.concurrency, progress)
                 wall = time.perf_counter() - t0
                 summary = {
-                    "model": str(args.model), "stages": stage_rows(s.plan), "requests": len(lat),
+                    "model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": len(lat),
                     "latency_ms_median": statistics.median(lat) * 1e3,
                     "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
                     "throughput_rps": len(lat) / wall,

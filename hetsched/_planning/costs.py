@@ -14,10 +14,21 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
+from hetsched.backends import Device
+
 from .._errors import ProfileError
 from .graph import GraphIndex
 
-__all__ = ["CostTable", "CostTableStatistics", "NodeCost", "analytic_node_costs", "value_bytes"]
+__all__ = [
+    "LAUNCH_S",
+    "CostTable",
+    "CostTableStatistics",
+    "NodeCost",
+    "analytic_node_costs",
+    "launch_seconds",
+    "sync_seconds_per_byte",
+    "value_bytes",
+]
 
 _ELEM_SIZE: dict[int, int] = {
     TensorProto.FLOAT: 4, TensorProto.UINT8: 1, TensorProto.INT8: 1, TensorProto.UINT16: 2,
@@ -29,6 +40,38 @@ _ELEM_SIZE: dict[int, int] = {
 # Stage-boundary overhead the analytic model charges for running a unit at all (dispatch,
 # onnxruntime call setup): an assumed prior, not a measurement; measured costs replace it.
 STAGE_OVERHEAD_S = 30e-6
+
+# Fixed cost of one inference call of a stage on a device, by device kind, paid once per
+# stage (the planner charges it on every hand-off *into* a device: that is where a new stage
+# starts). CPU: the onnxruntime call setup above. NPU: one RKNN ``inference`` / ``rknn_run``
+# (driver submission, job wait, input/output format conversion). No published per-call figure
+# for the RK3588 NPU was found (Rockchip's RKNN runtime docs and rknn_model_zoo report whole-
+# model latencies only), so this is the overhead measured on the RKNN-Toolkit2 simulator: a
+# one-node stage through the toolkit worker against the same node in onnxruntime (the method is
+# in tests/test_npu_placement.py); a device's ``options["launch_s"]`` overrides it (a figure
+# measured on the board). GPU: an assumed prior for a kernel-queue submission and wait.
+LAUNCH_S: Mapping[str, float] = {"cpu": STAGE_OVERHEAD_S, "gpu": 100e-6, "npu": 400e-6}
+
+
+def launch_seconds(device: Device) -> float:
+    """Fixed seconds of one stage call on ``device``: ``options["launch_s"]``, else :data:`LAUNCH_S`
+    for its kind. A value that is not a non-negative number counts as absent."""
+    value = device.options.get("launch_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return LAUNCH_S.get(device.kind, STAGE_OVERHEAD_S)
+
+
+def sync_seconds_per_byte(a: Device, b: Device) -> float:
+    """Seconds per byte of a hand-off between two devices sharing DRAM when one is an accelerator.
+
+    Zero copy still cleans the producer's cache lines and invalidates the consumer's (the RKNN
+    runtime's ``rknn_mem_sync``, a DMA-buf sync for a GPU): one pass over the tensor, priced as
+    an assumed prior at the slower device's memory bandwidth. CPU <-> CPU hand-offs are coherent.
+    """
+    if a.kind == "cpu" and b.kind == "cpu":
+        return 0.0
+    return 1.0 / max(1.0, min(a.mem_bandwidth, b.mem_bandwidth))
 
 
 @dataclass(frozen=True, slots=True)

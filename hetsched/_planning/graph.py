@@ -63,7 +63,14 @@ class GraphIndex:
         self.sparse_initializers: dict[str, onnx.SparseTensorProto] = {
             t.values.name: t for t in graph.sparse_initializer
         }
-        self.graph_inputs: list[str] = [i.name for i in graph.input]
+        # Before IR 4 every initializer had to be listed as a graph input too; onnxruntime treats
+        # those as constants (not feedable, not overridable), and so does hetsched: they are not
+        # graph inputs here, so the constants they feed are folded into the stages that read them.
+        listed_only = model.ir_version < 4
+        self.graph_inputs: list[str] = [
+            i.name for i in graph.input
+            if not (listed_only and (i.name in self.initializers or i.name in self.sparse_initializers))
+        ]
         self.required_inputs: list[str] = [
             n for n in self.graph_inputs if n not in self.initializers and n not in self.sparse_initializers
         ]

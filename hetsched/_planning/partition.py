@@ -175,12 +175,26 @@ def merge_stages(
             indeg[s] -= 1
             if indeg[s] == 0:
                 heapq.heappush(ready.setdefault(assignment[s], []), s)
+    # Units computing only constants that no graph output names are rematerialized in every
+    # stage reading them (their own stage ends up dead, dropped below): they must not cut a
+    # run of another device in two, so they are grouped apart, after the live ones.
+    const = constant_nodes(index)
+    graph_outputs = set(index.graph_outputs)
     groups: list[list[int]] = []
+    dead: list[list[int]] = []
     for u in order:
-        if groups and assignment[groups[-1][-1]] == assignment[u]:
+        nodes_u = units[u].nodes
+        if all(const[n] for n in nodes_u) and not any(
+                o in graph_outputs for n in nodes_u for o in index.nodes[n].outputs):
+            if dead and assignment[dead[-1][-1]] == assignment[u]:
+                dead[-1].append(u)
+            else:
+                dead.append([u])
+        elif groups and assignment[groups[-1][-1]] == assignment[u]:
             groups[-1].append(u)
         else:
             groups.append([u])
+    groups.extend(dead)
 
     producer_stage: dict[str, int] = {}
     stage_nodes: list[list[int]] = []
@@ -192,11 +206,9 @@ def merge_stages(
                 producer_stage[o] = sid
     # Boundary values: what each stage reads from outside and what others need from it.
     needed_outside: dict[int, dict[str, None]] = {sid: {} for sid in range(len(groups))}
-    graph_outputs = set(index.graph_outputs)
     stages_inputs: list[list[str]] = []
     stages_deps: list[list[int]] = []
     stages_remat: list[list[int]] = []
-    const = constant_nodes(index)
     for sid, nodes in enumerate(stage_nodes):
         ins: dict[str, None] = {}
         deps: dict[int, None] = {}
@@ -387,7 +399,9 @@ def extract_stage(index: GraphIndex, stage: StageSpec) -> onnx.ModelProto:
     stage_model = helper.make_model(
         graph,
         opset_imports=list(model.opset_import),
-        ir_version=model.ir_version,
+        # IR 3 lists every initializer as a graph input; a stage carries only the initializers
+        # it reads, as constants (see GraphIndex.graph_inputs), which needs IR 4.
+        ir_version=max(model.ir_version, 4),
         producer_name="hetsched",
         functions=_functions_used(model, nodes),
     )

@@ -23,15 +23,25 @@ from hetsched.policies import (
     validate_placement,
 )
 
-from .costs import STAGE_OVERHEAD_S, CostTable, NodeCost, analytic_node_costs, value_bytes
+from .costs import (
+    STAGE_OVERHEAD_S,
+    CostTable,
+    NodeCost,
+    analytic_node_costs,
+    launch_seconds,
+    sync_seconds_per_byte,
+    value_bytes,
+)
 from .graph import GraphIndex
 from .partition import StageSpec, compute_units, merge_stages
 
 __all__ = ["Plan", "Refusal", "build_plan", "unit_key"]
 
-# Pricing of a stage boundary between devices. Same memory domain: only dispatch
-# overhead (buffers are shared); across domains: a copy at this bandwidth. Both are
-# assumed priors of the analytic model (measured stage times replace the estimates).
+# Pricing of a stage boundary between devices: this dispatch latency plus the receiving
+# device's launch (a new stage starts there: costs.launch_seconds); same memory domain: a
+# cache sync when an accelerator is on either side (costs.sync_seconds_per_byte), across
+# domains: a copy at this bandwidth. Assumed priors of the analytic model (measured stage
+# times replace the estimates).
 _BOUNDARY_LATENCY_S = 40e-6
 _CROSS_DOMAIN_BPS = 4.0e9
 
@@ -276,8 +286,11 @@ def _build_plan(
     for a in devices:
         for b in devices:
             if a.name != b.name:
-                spb = 0.0 if a.memory_domain == b.memory_domain else 1.0 / _CROSS_DOMAIN_BPS
-                links[(a.name, b.name)] = Link(_BOUNDARY_LATENCY_S, spb)
+                if a.memory_domain == b.memory_domain:
+                    spb = sync_seconds_per_byte(a, b)
+                else:
+                    spb = 1.0 / _CROSS_DOMAIN_BPS
+                links[(a.name, b.name)] = Link(_BOUNDARY_LATENCY_S + launch_seconds(b), spb)
     problem = PlacementProblem(tuple(units), states, cost, edges, links)
     placement = validate_placement(problem, pol.place(problem), policy_name(pol))
     stages = merge_stages(

@@ -177,6 +177,9 @@ class _Worker:
         step = "config"
         try:
             kw: dict[str, Any] = {"target_platform": req["target"], "float_dtype": req["float_dtype"]}
+            for opt in ("quantized_dtype", "quantized_algorithm"):
+                if req.get(opt):
+                    kw[opt] = req[opt]
             if r.config(**kw) not in (0, None):
                 raise _Refused
             step = "load_onnx"

@@ -55,6 +55,10 @@ class BuildRequest:
     quantize: bool = False
     dataset: str | None = None
     """The toolkit's dataset file: a text file listing ``.npy`` paths (quantization)."""
+    quantized_dtype: str | None = None
+    """``RKNN.config(quantized_dtype=...)`` (the toolkit's default, ``"w8a8"``, when None)."""
+    quantized_algorithm: str | None = None
+    """``RKNN.config(quantized_algorithm=...)`` (``"normal"`` when None)."""
     export_path: str | None = None
     """Where to write the ``.rknn`` (the compile cache), or nowhere."""
 

@@ -18,13 +18,16 @@ Nothing here imports the toolkit; every function returns a new model and leaves 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import onnx
 from onnx import version_converter
 
 from .._errors import CompileError
 
 __all__ = [
+    "io_specs",
     "MIN_OPSET",
     "TOOLKIT_MAX_IR_VERSION",
     "fix_free_dims",
@@ -258,3 +261,33 @@ def prepare_stage(
     if out.ir_version > cap:
         out.ir_version = cap
     return out
+
+
+_Spec = tuple[np.dtype[Any], tuple[int, ...]]
+"""(dtype, static shape), as ``hetsched.backends.TensorSpec``."""
+
+
+def io_specs(model: onnx.ModelProto) -> tuple[list[str], list[_Spec], list[str], list[_Spec]]:
+    """Names and static (dtype, shape) of the prepared stage's inputs and outputs."""
+    inits = {t.name for t in model.graph.initializer}
+
+    def spec(vi: onnx.ValueInfoProto) -> _Spec | None:
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim] if tt.HasField("shape") else None
+        if dims is None or any(d <= 0 for d in dims):
+            return None
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)
+
+    ins = [i for i in model.graph.input if i.name not in inits]
+    in_specs = [spec(i) for i in ins]
+    out_specs = [spec(o) for o in model.graph.output]
+    if any(s is None for s in out_specs):
+        # shape inference stopped short (a data-dependent shape): onnxruntime tells on one run
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros(s[1], s[0]) for i, s in zip(ins, in_specs, strict=True) if s is not None}
+        values = sess.run(None, feeds)
+        out_specs = [(np.dtype(v.dtype), tuple(v.shape)) for v in values]
+    return ([i.name for i in ins], [s for s in in_specs if s is not None],
+            [o.name for o in model.graph.output], [s for s in out_specs if s is not None])
