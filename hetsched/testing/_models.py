@@ -17,10 +17,9 @@ def with_seeded_weights(model: ModelSource, seed: int = 0) -> onnx.ModelProto:
     The light models shipped in the onnx wheel (``light_resnet50``, ``light_squeezenet``, ...)
     build their weights with ``ConstantOfShape``: constant weights make activations overflow
     fp16 (an NPU's precision) and outputs independent of the input, so accuracy checks on them
-    mean nothing. Weights become He-scaled normal values (``sqrt(2 / fan_in)``); batch-norm
-    scales and variances lie in [0.5, 1) and [0.5, 1.5), biases and means are small normal
-    values, so activations stay well inside fp16's range (max 65504) through deep residual
-    stacks.
+    mean nothing. Weights become He-scaled normal values (``sqrt(2 / fan_in)``); batch norms get
+    unit variance, near-zero means and biases and scales in [0.3, 0.6), so activations stay well
+    inside fp16's range (max 65504) through deep residual stacks and outputs depend on the input.
 
     :param model: a path, an embedded model name (``"light_resnet50"``) or a ``ModelProto``.
     :raises ModelError: ``model`` cannot be loaded (see :func:`hetsched.load_model`).
@@ -53,55 +52,18 @@ def with_seeded_weights(model: ModelSource, seed: int = 0) -> onnx.ModelProto:
     m.graph.input.extend(inputs)
     m.ir_version = max(m.ir_version, 4)  # IR 3 lists every initializer as a graph input
     onnx.checker.check_model(m)
-    _calibrate_batch_norms(m, rng)
     return m
-
-
-def _calibrate_batch_norms(m: onnx.ModelProto, rng: np.random.Generator, passes: int = 3) -> None:
-    """Set each BatchNormalization's mean/variance to the statistics of its input on a seeded input.
-
-    A trained network's batch norms hold the statistics of the activations they see, which is
-    what keeps deep residual stacks in range; random statistics let activations grow until the
-    softmax saturates (every input gives the same one-hot output, so accuracy checks pass
-    trivially). Later layers depend on earlier ones, so a few passes, each from the last.
-    """
-    import onnxruntime as ort
-
-    bns = [n for n in m.graph.node if n.op_type == "BatchNormalization" and len(n.input) == 5]
-    if not bns:
-        return
-    inits = {t.name: t for t in m.graph.initializer}
-    if any(n.input[3] not in inits or n.input[4] not in inits for n in bns):
-        return
-    probe = onnx.ModelProto()
-    probe.CopyFrom(m)
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n.input[0]) for n in bns)
-    feeds: dict[str, np.ndarray] = {}
-    for i in m.graph.input:
-        dims = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
-        feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
-    for _ in range(passes):
-        sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        outs = sess.run([n.input[0] for n in bns], feeds)
-        for n, x in zip(bns, outs, strict=True):
-            x = np.clip(np.nan_to_num(x.astype(np.float64)), -1e15, 1e15)  # pass 1 may overflow float32
-            axes = tuple(k for k in range(x.ndim) if k != 1)
-            for name, value in ((n.input[3], x.mean(axis=axes)), (n.input[4], x.var(axis=axes) + 1e-3)):
-                t = numpy_helper.from_array(value.astype(np.float32), name)
-                inits[name].CopyFrom(t)
-                for g in (m.graph, probe.graph):
-                    for init in g.initializer:
-                        if init.name == name:
-                            init.CopyFrom(t)
 
 
 def _weight(rng: np.random.Generator, shape: tuple[int, ...], role: tuple[str, int] | None) -> np.ndarray:
     """A seeded tensor for a weight of ``shape`` read first as input ``role = (op, index)``."""
     if role is not None and role[0] == "BatchNormalization":
+        # Statistics of a normalised activation (mean 0, variance 1) and a scale below 1: every
+        # residual branch adds less than its input carries, so deep stacks stay in fp16's range.
         if role[1] == 1:  # scale
-            return rng.uniform(0.5, 1.0, shape).astype(np.float32)
-        if role[1] == 4:  # variance: positive
-            return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            return rng.uniform(0.3, 0.6, shape).astype(np.float32)
+        if role[1] == 4:  # variance
+            return np.ones(shape, np.float32)
         return (rng.standard_normal(shape) * 0.01).astype(np.float32)  # bias, mean
     fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
     if fan_in:
