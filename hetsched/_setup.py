@@ -184,7 +184,7 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
         plan = build(refusals)
         stages, failures = _try_compile(index, plan, shapes, calibration)
         if not failures:
-            return plan, stages
+            return _with_accuracy(plan, stages), stages
         for st in stages:
             st.compiled.close()
         fatal = [exc for _, exc in failures if not isinstance(exc, CompileError)]
@@ -303,3 +303,16 @@ class TransferEvents:
                 fn(info)
 
         return forward
+
+
+def _with_accuracy(plan: Plan, stages: Sequence[StageRuntime]) -> Plan:
+    """``plan`` carrying the accuracy each compiled stage measured (its ``statistics().accuracy``
+    with a ``to_json()``: NPU stages), so ``plan.to_json()`` reports it."""
+    measured: dict[str, Mapping[str, float | int]] = {}
+    for st in stages:
+        inner = getattr(st.compiled, "rknn", st.compiled)  # a twin stage wraps the accelerator's
+        stats = getattr(inner, "statistics", None)
+        acc = getattr(stats(), "accuracy", None) if callable(stats) else None
+        if acc is not None and callable(getattr(acc, "to_json", None)):
+            measured[st.spec.name] = acc.to_json()
+    return dataclasses.replace(plan, stage_accuracy=measured) if measured else plan

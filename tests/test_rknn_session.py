@@ -301,6 +301,10 @@ async def test_a_second_session_converts_nothing_and_a_changed_setting_converts_
         first = s.statistics().compile
         assert first.conversions > 0 and first.seconds > 0
         assert _cosine((await s.run({"x": x}))["y"], want) >= 0.999
+        # each NPU stage's measured accuracy against fp32 onnxruntime is part of the plan
+        npu_rows = [r for r in s.plan.to_json()["stages"] if r["backend"] == "rknn"]
+        assert npu_rows and all(r["accuracy"]["min_cosine"] >= 0.999 and r["accuracy"]["samples"] > 0
+                                for r in npu_rows)
     async with Session(model, devices=_devices(twin_root), root=twin_root, policy=npu_where_possible) as s:
         again = s.statistics().compile
         assert again.conversions == 0 and again.cache_hits >= first.conversions and again.seconds == 0

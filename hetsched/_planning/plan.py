@@ -78,6 +78,9 @@ class Plan:
     refused: tuple[Refusal, ...] = ()
     """(unit, device) pairs the op lists offered but the backend refused to compile."""
     unit_nodes: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+    stage_accuracy: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
+    """Per stage name, its backend's accuracy against fp32 onnxruntime where the backend measured
+    one once compiled (``min_cosine``, ``max_rel_error``, ``samples``: NPU stages)."""
     """Per unit id, its node indices in the graph index (to extract a unit alone)."""
     stage_flops: tuple[float, ...] = field(default=(), repr=False)
     """Per stage id, the analytic FLOPs of its nodes."""
@@ -129,7 +132,8 @@ class Plan:
                 {"id": s.id, "name": s.name, "device": s.device, "backend": self.backend_of(s.device),
                  "nodes": len(s.nodes), "flops": self.stage_flops[s.id] if self.stage_flops else 0.0,
                  "units": list(s.units), "inputs": list(s.inputs), "outputs": list(s.outputs),
-                 "deps": list(s.deps), "estimated_s": costs[s.id]}
+                 "deps": list(s.deps), "estimated_s": costs[s.id],
+                 **({"accuracy": dict(self.stage_accuracy[s.name])} if s.name in self.stage_accuracy else {})}
                 for s in self.stages
             ],
             "units": [
