@@ -46,6 +46,16 @@ _CNN_CORE = (
 # as the real backend's first guess does (a CNN's residual ``Sum`` stays on the NPU).
 _RKNN_CONVERTS_ANYWAY = ("Sum", "Einsum", "TopK", "Abs", "Neg", "Reciprocal")
 
+# Listed supported by the same document (doc/RKNNToolKit2_OP_Support-v2.1.0.md) and common in
+# exported CNNs: a HardSwish spelled x*Clip(x+3)/6 (PaddlePaddle's MobileNetV3 / PP-OCR export),
+# the Constant/Shape/Cast/Squeeze plumbing of exporters, LayerNorm spelled ReduceMean/Pow/Sqrt.
+# Without them each such op became a CPU unit and cut a MobileNet body into CPU stages.
+_RKNN_ELEMENTWISE_AND_SHAPE = (
+    "Div", "Pow", "Sqrt", "Exp", "Tanh", "Erf", "Max", "Min", "PRelu", "Elu", "Constant", "Cast", "Shape",
+    "Squeeze", "Unsqueeze", "Expand", "Gather", "ReduceMean", "ReduceSum", "ReduceMax", "GlobalMaxPool",
+    "InstanceNormalization", "LayerNormalization", "DepthToSpace", "SpaceToDepth",
+)
+
 # Op limits per accelerator family (docs/sources.md [rknn-ops], [trt-dla]): RKNN runs a CNN
 # core set plus reshaping/matmul (RKNN-Toolkit2 operator support list); TensorRT DLA runs
 # convolutional layers in FP16/INT8 only (no MatMul, no data-dependent shapes; TensorRT
@@ -61,7 +71,7 @@ OP_SETS: Mapping[str, Capabilities] = {
                               "ReduceSum", "ReduceMax", "GlobalMaxPool", "InstanceNormalization",
                               "LayerNormalization", "Gather"), dtypes=_FLOATS),
     "rknn": Capabilities.ops((*_CNN_CORE, "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Split", "Slice",
-                              *_RKNN_CONVERTS_ANYWAY), dtypes=_FLOATS),
+                              *_RKNN_ELEMENTWISE_AND_SHAPE, *_RKNN_CONVERTS_ANYWAY), dtypes=_FLOATS),
     "dla": Capabilities.ops((*_CNN_CORE, "Tanh"), dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
 }
 

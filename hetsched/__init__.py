@@ -105,6 +105,7 @@ from .policies import PlacementProblem as PlacementProblem
 # Runtime and sessions: running requests through the stages, events and hooks.
 # isort: split
 from ._delivery import Outputs as Outputs
+from ._events import CompileInfo as CompileInfo
 from ._events import Event as Event
 from ._events import EventInfo as EventInfo
 from ._events import Hooks as Hooks
@@ -151,6 +152,7 @@ __all__ = (
     "ClockPort",
     "ClusterInfo",
     "CompileError",
+    "CompileInfo",
     "CostTable",
     "CostTableStatistics",
     "CpuCluster",

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Event", "EventInfo", "HookDispatcher", "Hooks", "Priority"]
+__all__ = ["CompileInfo", "Event", "EventInfo", "HookDispatcher", "Hooks", "Priority"]
 
 
 class Priority(enum.IntEnum):
@@ -27,7 +27,14 @@ class Priority(enum.IntEnum):
 class Event(enum.StrEnum):
     """Events of a Session, in the order they fire::
 
-        async with Session(model) as s:          # SESSION_START
+        async with Session(model) as s:          # opening (and each re-plan, e.g. Session.profile):
+                                                 #   for stage of the plan, in parallel (then for each
+                                                 #   unit of a refused stage, alone, as a trial):
+                                                 #     BEFORE_COMPILE
+                                                 #     device.compile(stage)
+                                                 #     AFTER_COMPILE (also after a failing compile,
+                                                 #                    with .error set)
+                                                 # then SESSION_START (opening only)
             await s.run(feeds)                   # REQUEST_START
                 for stage in ready stages (most urgent first, per device):
                     for tensor crossing a memory domain:
@@ -41,6 +48,9 @@ class Event(enum.StrEnum):
         # SESSION_END
 
     Attributes:
+        BEFORE_COMPILE / AFTER_COMPILE: in a compile thread, around one stage's compile for
+            its device; ``extra`` is a :class:`hetsched.CompileInfo` (``AFTER_COMPILE``'s
+            ``elapsed_s`` is the compile's seconds).
         SESSION_START: the session planned, compiled and started its workers.
         REQUEST_START / REQUEST_END: around one ``run`` call.
         BEFORE_STAGE / AFTER_STAGE: in the device's worker thread, around one stage run;
@@ -54,6 +64,8 @@ class Event(enum.StrEnum):
         SESSION_END: workers stopped; fires even when the session exits with an error.
     """
 
+    BEFORE_COMPILE = "before_compile"
+    AFTER_COMPILE = "after_compile"
     SESSION_START = "session_start"
     REQUEST_START = "request_start"
     BEFORE_TRANSFER = "before_transfer"
@@ -90,13 +102,39 @@ class EventInfo:
     extra: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class CompileInfo:
+    """The ``extra`` of ``BEFORE_COMPILE``/``AFTER_COMPILE``: which compile of how many.
+
+    Compiles come in batches (a plan's stages; the unit trials after a refused stage), each
+    compiled concurrently, so their events may interleave and arrive in any order.
+    """
+
+    stage: str
+    device: str
+    index: int
+    """This compile's position in its batch, from 0."""
+    total: int
+    """The compiles in the batch."""
+    seconds: float | None = None
+    """Seconds the compile took (``AFTER_COMPILE`` only)."""
+    cached: bool | None = None
+    """The backend found the stage already converted in its cache (``AFTER_COMPILE`` of a
+    stage whose ``statistics()`` has ``cached``; None otherwise)."""
+    trial: bool = False
+    """A unit compiled alone to find whether its device refuses it (not a plan's stage)."""
+
+
 class Hooks:
     """Base class of session hooks; each method is a no-op named after an :class:`Event`.
 
-    Hooks on ``BEFORE_STAGE``/``AFTER_STAGE`` run in device worker threads: keep them
+    Hooks on ``BEFORE_STAGE``/``AFTER_STAGE`` run in device worker threads, those on
+    ``BEFORE_COMPILE``/``AFTER_COMPILE`` in compile threads (several at once): keep them
     short and thread-safe. The others run in the event loop.
     """
 
+    def before_compile(self, info: EventInfo) -> None: ...
+    def after_compile(self, info: EventInfo) -> None: ...
     def session_start(self, info: EventInfo) -> None: ...
     def request_start(self, info: EventInfo) -> None: ...
     def before_transfer(self, info: EventInfo) -> None: ...

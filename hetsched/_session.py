@@ -45,6 +45,7 @@ from ._runtime._domains import Topology
 from ._runtime._scheduler import Scheduler, StageRuntime
 from ._runtime._transfer import CopyFn, TransferEngine, TransferStatistics
 from ._setup import (
+    CompileEvents,
     CompileStatistics,
     TransferEvents,
     compile_counters,
@@ -256,7 +257,7 @@ class Session:
     async def __aenter__(self) -> Session:
         if self._core.is_open:
             raise RuntimeStateError("Session is already open")
-        index, constants = await anyio.to_thread.run_sync(load_index, self._source)
+        index, constants = await anyio.to_thread.run_sync(load_index, self._source, self._shapes)
         self._index = index
         self._devices = list(resolve_devices(self._device_specs, root=self._root))
         self._topology, self._host = make_topology(self._topology_arg, self._devices)
@@ -358,7 +359,7 @@ class Session:
             self._calibration = CalibrationSet(index.model, self._calibration_feeds)
         plan, stages = await anyio.to_thread.run_sync(
             lambda: plan_and_compile(index, build, self._refusals, shapes=self._shapes,
-                                     calibration=self._calibration))
+                                     calibration=self._calibration, events=CompileEvents(self._dispatch, self._clock)))
         old = self._stages
         self._plan, self._stages = plan, stages
         for st in old:

@@ -2,9 +2,9 @@
 
 Loading the model (and the graph outputs that are constants), the default memory topology,
 compiling a plan's stages for their devices (concurrently, and finding by trying which units
-a backend refuses: :func:`plan_and_compile`), where each graph output comes from, the
-session's compile counters, and the adapter from the transfer engine's callbacks to the
-session's hooks.
+a backend refuses: :func:`plan_and_compile`, firing the compile events), where each graph
+output comes from, the session's compile counters, and the adapter from the transfer engine's
+callbacks to the session's hooks.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from onnx import numpy_helper
 from hetsched.backends import CompiledStage, Device, get_backend
 
 from ._errors import CompileError, TransferError
-from ._events import Event, EventInfo, HookDispatcher, Priority
+from ._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
 from ._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
 from ._planning.graph import GraphIndex
-from ._planning.model import ModelSource, load_model
+from ._planning.model import ModelSource, load_model, with_input_shapes
 from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
 from ._planning.plan import Plan, unit_key
 from ._runtime._clock import Clock
@@ -32,6 +32,7 @@ from ._runtime._scheduler import StageRuntime
 from ._runtime._transfer import TransferInfo
 
 __all__ = [
+    "CompileEvents",
     "CompileStatistics",
     "TransferEvents",
     "compile_counters",
@@ -48,15 +49,20 @@ Refusals = MutableMapping[tuple[str, str], str]
 _T = TypeVar("_T")
 
 
-def load_index(source: ModelSource) -> tuple[GraphIndex, dict[str, Any]]:
+def load_index(source: ModelSource, shapes: Mapping[str, Sequence[int]] | None = None,
+               ) -> tuple[GraphIndex, dict[str, Any]]:
     """The model's graph index and its graph outputs that are initializers (as arrays).
 
     Blocking (reads and checks the model). A str that is no file may name an embedded model
-    (see :func:`hetsched.load_model`).
+    (see :func:`hetsched.load_model`). ``shapes`` fixes free input dimensions before planning
+    (see :func:`hetsched._planning.model.with_input_shapes`).
 
     :raises ModelError: the model could not be loaded.
+    :raises InputError: ``shapes`` names no input or contradicts the model.
     """
     model = load_model(source)
+    if shapes:
+        model = with_input_shapes(model, shapes)
     index = GraphIndex(model)
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
                  if init.name in index.graph_outputs}
@@ -121,6 +127,75 @@ def _compile_one(index: GraphIndex, dev: Device, spec: StageSpec) -> CompiledSta
     return get_backend(dev.backend).compile(extract_stage(index, spec), dev, name=spec.name)
 
 
+class CompileEvents:
+    """Fires ``BEFORE_COMPILE``/``AFTER_COMPILE`` around each compile, in the compile's thread;
+    with nobody listening a compile is called bare (one falsy check)."""
+
+    def __init__(self, dispatch: HookDispatcher, clock: Clock):
+        self._before = dispatch.listeners[Event.BEFORE_COMPILE]
+        self._after = dispatch.listeners[Event.AFTER_COMPILE]
+        self._clock = clock
+
+    def around(self, compile_fn: Callable[[], CompiledStage], info: CompileInfo) -> CompiledStage:
+        """``compile_fn()`` between the two events; ``AFTER_COMPILE`` carries its error, if any.
+
+        :raises Exception: what ``compile_fn`` or a hook raised (a stage compiled before an
+            ``AFTER_COMPILE`` hook failed is closed first, so it does not leak).
+        """
+        if not self._before and not self._after:
+            return compile_fn()
+        now = self._clock.perf_counter
+        for fn in self._before:
+            fn(EventInfo(Event.BEFORE_COMPILE, now(), stage=info.stage, device=info.device, extra=info))
+        t0 = now()
+        try:
+            compiled = compile_fn()
+        except Exception as exc:
+            self._fire_after(info, now() - t0, None, exc)
+            raise
+        try:
+            self._fire_after(info, now() - t0, _cached(compiled) if self._after else None, None)
+        except BaseException:
+            compiled.close()
+            raise
+        return compiled
+
+    def _fire_after(self, info: CompileInfo, seconds: float, cached: bool | None,
+                    error: BaseException | None) -> None:
+        if not self._after:
+            return
+        done = dataclasses.replace(info, seconds=seconds, cached=cached)
+        event = EventInfo(Event.AFTER_COMPILE, self._clock.perf_counter(), stage=info.stage, device=info.device,
+                          elapsed_s=seconds, error=error, extra=done)
+        for fn in self._after:
+            fn(event)
+
+
+def _cached(compiled: CompiledStage) -> bool | None:
+    """The compiled stage's ``statistics().cached`` (a twin stage's from the accelerator stage
+    it wraps), None where it has none."""
+    inner = getattr(compiled, "rknn", compiled)
+    stats = getattr(inner, "statistics", None)
+    cached = getattr(stats(), "cached", None) if callable(stats) else None
+    return cached if isinstance(cached, bool) else None
+
+
+def _compile_batch(index: GraphIndex, jobs: Sequence[tuple[StageSpec, Device]], events: CompileEvents | None,
+                   *, trial: bool = False) -> list[CompiledStage | BaseException]:
+    """Each job's stage compiled for its device, concurrently (see :func:`_parallel`), each
+    between its compile events when ``events`` is given."""
+    total = len(jobs)
+
+    def one(k: int) -> CompiledStage:
+        spec, dev = jobs[k]
+        if events is None:
+            return _compile_one(index, dev, spec)
+        return events.around(lambda: _compile_one(index, dev, spec),
+                             CompileInfo(spec.name, dev.name, k, total, trial=trial))
+
+    return _parallel(one, range(total))
+
+
 def _raise_collected(errors: Sequence[BaseException]) -> None:
     """Raise the first error; the others go into its notes (none is lost)."""
     first = errors[0]
@@ -130,14 +205,14 @@ def _raise_collected(errors: Sequence[BaseException]) -> None:
 
 
 def compile_stages(index: GraphIndex, plan: Plan, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                   calibration: object = None) -> list[StageRuntime]:
+                   calibration: object = None, events: CompileEvents | None = None) -> list[StageRuntime]:
     """Compile every stage of ``plan`` for its device, concurrently (blocking; on failure the
-    stages that compiled are closed).
+    stages that compiled are closed), firing ``events`` around each compile.
 
     :raises CompileError: a backend refused a stage (other failures in the notes).
     :raises BackendError: a backend could not compile at all (e.g. its toolkit is missing).
     """
-    stages, failures = _try_compile(index, plan, shapes, calibration)
+    stages, failures = _try_compile(index, plan, shapes, calibration, events)
     if failures:
         for st in stages:
             st.compiled.close()
@@ -146,11 +221,12 @@ def compile_stages(index: GraphIndex, plan: Plan, *, shapes: Mapping[str, Sequen
 
 
 def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[int]] | None,
-                 calibration: object = None) -> tuple[list[StageRuntime], list[tuple[StageSpec, BaseException]]]:
+                 calibration: object = None, events: CompileEvents | None = None,
+                 ) -> tuple[list[StageRuntime], list[tuple[StageSpec, BaseException]]]:
     """The stages that compiled and the (stage, error) of those that did not."""
     by_name = {d.name: _with_shapes(d, shapes, calibration) for d in plan.devices}
     node_costs = analytic_node_costs(index)
-    results = _parallel(lambda spec: _compile_one(index, by_name[spec.device], spec), plan.stages)
+    results = _compile_batch(index, [(spec, by_name[spec.device]) for spec in plan.stages], events)
     out: list[StageRuntime] = []
     failures: list[tuple[StageSpec, BaseException]] = []
     for spec, res in zip(plan.stages, results, strict=True):
@@ -167,9 +243,11 @@ def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[in
 
 def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str], str]], Plan],
                      refusals: Refusals, *, shapes: Mapping[str, Sequence[int]] | None = None,
-                     calibration: object = None) -> tuple[Plan, list[StageRuntime]]:
+                     calibration: object = None, events: CompileEvents | None = None,
+                     ) -> tuple[Plan, list[StageRuntime]]:
     """Plan with ``build(refusals)`` and compile; where a stage raises :class:`CompileError`,
     find the units its device refuses, add them to ``refusals`` and plan again (blocking).
+    ``events`` fire around every compile, the unit trials marked ``trial``.
 
     The failing units are found by compiling each unit of the stage alone on that device;
     the pairs that compile are not refused. If every unit compiles alone (the stage fails
@@ -182,7 +260,7 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
     """
     while True:
         plan = build(refusals)
-        stages, failures = _try_compile(index, plan, shapes, calibration)
+        stages, failures = _try_compile(index, plan, shapes, calibration, events)
         if not failures:
             return _with_accuracy(plan, stages), stages
         for st in stages:
@@ -190,12 +268,13 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
         fatal = [exc for _, exc in failures if not isinstance(exc, CompileError)]
         if fatal:
             _raise_collected(fatal)
-        refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes, calibration))
+        refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes, calibration,
+                                       events))
 
 
 def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSpec, str]],
                    shapes: Mapping[str, Sequence[int]] | None, calibration: object = None,
-                   ) -> dict[tuple[str, str], str]:
+                   events: CompileEvents | None = None) -> dict[tuple[str, str], str]:
     """The (unit key, device) pairs of the failed stages' units that do not compile alone."""
     drafts = [UnitDraft(u.id, plan.unit_nodes[u.id], 1) for u in plan.units]
     assignment = dict(plan.placement.assignment)
@@ -207,7 +286,7 @@ def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSp
                if len(s.units) == 1 and s.device.startswith("\0unit")}
     by_name = {d.name: _with_shapes(d, shapes, calibration) for d in plan.devices}
     jobs = [(u, spec.device) for spec, _ in failed for u in spec.units if u in singles]
-    results = _parallel(lambda job: _compile_one(index, by_name[job[1]], singles[job[0]]), jobs)
+    results = _compile_batch(index, [(singles[u], by_name[dev]) for u, dev in jobs], events, trial=True)
     found: dict[tuple[str, str], str] = {}
     fatal: list[BaseException] = []
     for (u, dev), res in zip(jobs, results, strict=True):

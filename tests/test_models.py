@@ -134,3 +134,25 @@ def test_unknown_name_lists_the_embedded_models() -> None:
     # something that looks like a path is a path: no embedded lookup
     with pytest.raises(ModelNotFoundError, match="model file 'squeezenet.onnx' does not exist"):
         load_model("squeezenet.onnx")
+
+
+def test_with_input_shapes_fixes_free_dimensions_and_names_bad_input() -> None:
+    from onnx import TensorProto, helper
+
+    from hetsched import InputError
+    from hetsched._planning.model import with_input_shapes
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    fixed = with_input_shapes(m, {"x": (4, 3)})
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim] == [4, 3]
+    assert [d.dim_value for d in fixed.graph.output[0].type.tensor_type.shape.dim] == [4, 3]
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "n"  # the original is untouched
+    with pytest.raises(InputError, match="'z' is not a tensor input"):
+        with_input_shapes(m, {"z": (1, 3)})
+    with pytest.raises(InputError, match="rank 2"):
+        with_input_shapes(m, {"x": (1, 3, 1)})
+    with pytest.raises(InputError, match="dimension 1 is fixed at 3"):
+        with_input_shapes(m, {"x": (1, 4)})

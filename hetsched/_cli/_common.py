@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import onnx
 
+from hetsched._errors import CompileError
+from hetsched._events import CompileInfo, EventInfo, Hooks
 from hetsched._planning.model import embedded_model, model_path
 
 DEFAULT_MODEL = "light_squeezenet"
@@ -192,3 +195,78 @@ class Progress:
         if self.done >= self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+class CompileProgress(Hooks):
+    """Session hooks printing one line per stage compile on stderr once compiling runs long:
+    ``compiling k/n NAME on DEVICE: S s (ETA E s)`` (``cached`` for a cache hit, ``failed`` /
+    ``refused`` for a compile that raised; ``trying`` for the unit trials after a refusal).
+
+    Lines start at the first compile that ends ``after_s`` or more after the first one began
+    (0: from the first), so a quick compile of host stages prints nothing. ``k`` counts the
+    compiles ended in the current batch (a plan's stages, or one round of trials) and the ETA
+    is the batch's mean so far times the compiles left. Thread-safe (compiles run in parallel);
+    ``clock`` is injected for tests.
+    """
+
+    def __init__(self, *, after_s: float = 0.5, clock: Callable[[], float] = time.perf_counter,
+                 stream: TextIO | None = None) -> None:
+        self.after_s = after_s
+        self._clock = clock
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._first: float | None = None
+        self._loud = False
+        self._batch_t0 = 0.0
+        self._total = 0
+        self._done = 0
+        self._trial = False
+
+    def before_compile(self, info: EventInfo) -> None:
+        ci = info.extra
+        assert isinstance(ci, CompileInfo)
+        with self._lock:
+            now = self._clock()
+            if self._first is None:
+                self._first = now
+            if self._done >= self._total or (ci.total, ci.trial) != (self._total, self._trial):
+                self._batch_t0, self._total, self._done, self._trial = now, ci.total, 0, ci.trial
+
+    def after_compile(self, info: EventInfo) -> None:
+        ci = info.extra
+        assert isinstance(ci, CompileInfo)
+        with self._lock:
+            now = self._clock()
+            self._done += 1
+            if not self._loud:
+                self._loud = self._first is not None and now - self._first >= self.after_s
+                if not self._loud:
+                    return
+            done, total = min(self._done, self._total), max(self._total, 1)
+            eta = (now - self._batch_t0) / max(done, 1) * (total - done)
+            if info.error is not None:
+                what = "refused" if isinstance(info.error, CompileError) else f"failed ({type(info.error).__name__})"
+            elif ci.cached:
+                what = "cached"
+            else:
+                what = f"{ci.seconds or 0.0:.1f} s"
+            kind = "trying" if ci.trial else "compiling"
+            stream = self._stream or sys.stderr
+            stream.write(f"{kind} {done}/{total} {ci.stage} on {ci.device}: {what} (ETA {eta:.0f} s)\n")
+            stream.flush()
+
+
+def add_compile_progress_args(p: argparse.ArgumentParser, *, progress_flag: bool = True) -> None:
+    """``--quiet`` (no compile progress lines) and, with ``progress_flag``, ``--progress``."""
+    p.add_argument("--quiet", action="store_true", help="print no compile progress lines on stderr")
+    if progress_flag:
+        p.add_argument("--progress", action="store_true",
+                       help="print a line per stage compile on stderr from the first one (default: once "
+                            "compiling takes over 0.5 s)")
+
+
+def compile_progress_hooks(args: argparse.Namespace) -> list[Hooks]:
+    """The session hooks of ``--quiet`` / ``--progress``: a :class:`CompileProgress`, or none."""
+    if getattr(args, "quiet", False):
+        return []
+    return [CompileProgress(after_s=0.0 if getattr(args, "progress", False) else 0.5)]

@@ -12,7 +12,15 @@ import json
 
 import anyio
 
-from ._common import add_devices_args, add_shape_arg, parse_shapes, resolve_model_arg, select_devices
+from ._common import (
+    add_compile_progress_args,
+    add_devices_args,
+    add_shape_arg,
+    compile_progress_hooks,
+    parse_shapes,
+    resolve_model_arg,
+    select_devices,
+)
 from ._compile import add_int8_args, calibration_arg, with_accuracy
 
 
@@ -26,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_int8_args(p)
     p.add_argument("--profile", action="store_true", help="measure units on each device, then re-plan")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_compile_progress_args(p)
     p.set_defaults(func=main)
 
 
@@ -38,7 +47,8 @@ def main(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
-                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes, calibration=calibration) as s:
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes, calibration=calibration,
+                           hooks=compile_progress_hooks(args)) as s:
             if args.profile:
                 await s.profile()
             if args.json:

@@ -6,7 +6,8 @@
 ``cache_hits``, ``seconds``: summed over the session's backends that count them in their
 ``statistics()``, since the session opened; zeros for backends that do not, such as ``cpu``),
 latency/throughput figures, and with ``--check`` ``check`` (``max_abs_diff``, ``min_cosine``
-of every output against bare onnxruntime on the host for the same inputs).
+of every output against bare onnxruntime on the host for the same inputs). Stdout holds only
+that; compile progress lines go to stderr (see :class:`hetsched._cli._common.CompileProgress`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import numpy as np
 
 from ._common import (
     Progress,
+    add_compile_progress_args,
     add_devices_args,
     add_shape_arg,
     compare_outputs,
+    compile_progress_hooks,
     parse_shapes,
     random_feeds,
     reference_outputs,
@@ -47,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="feed the requests as one stream (Session.map: workers admit the next request, results "
                         "come in batches): throughput only, no per-request latency")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    p.add_argument("--progress", action="store_true", help="force the progress bar")
+    p.add_argument("--progress", action="store_true",
+                   help="force the progress bar, and print a line per stage compile from the first one")
+    add_compile_progress_args(p, progress_flag=False)
     p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
                    "its devices are simulated, stages report modelled time and energy at the tree's clocks; "
                    "with --devices, pick some of them by name (or devices found under DIR, e.g. an NPU)")
@@ -150,7 +155,8 @@ def main(args: argparse.Namespace) -> int:
 
     async def serve(hooks: list) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
-                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/", hooks=hooks,
+                           max_unit_nodes=args.max_unit_nodes, root=args.root or "/",
+                           hooks=[*hooks, *compile_progress_hooks(args)],
                            shapes=shapes, calibration=calibration) as s:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
             progress = Progress(args.requests, enabled=True if args.progress else None)

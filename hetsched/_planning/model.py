@@ -8,13 +8,14 @@ The embedded models are the ``light_*`` models the onnx wheel ships for its back
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from .._errors import InvalidModelError, ModelFormatError, ModelNotFoundError
+from .._errors import InputError, InvalidModelError, ModelFormatError, ModelNotFoundError
 
 __all__ = [
     "EMBEDDED_MODEL_DIR",
@@ -23,6 +24,7 @@ __all__ = [
     "embedded_model_names",
     "load_model",
     "model_path",
+    "with_input_shapes",
 ]
 
 ModelSource: TypeAlias = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -135,3 +137,34 @@ def _has_external_data(model: onnx.ModelProto) -> bool:
     return any(
         t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer
     )
+
+
+def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose named graph inputs have the given static shapes, re-inferred.
+
+    Like onnxruntime's free-dimension overrides: planning then costs the model at the shapes it
+    will run with (a free dimension otherwise counts as 1), and feeds must have those shapes.
+
+    :raises InputError: a name that is no graph input, a shape of another rank, or a shape that
+        contradicts one of the input's fixed dimensions.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inputs = {i.name: i for i in out.graph.input}
+    for name, dims in shapes.items():
+        vi = inputs.get(name)
+        if vi is None or not vi.type.HasField("tensor_type"):
+            raise InputError(f"shapes: {name!r} is not a tensor input of the model (inputs: {sorted(inputs)})")
+        shape = vi.type.tensor_type.shape
+        if len(shape.dim) != len(dims):
+            raise InputError(f"shapes: input {name!r} has rank {len(shape.dim)}, got {list(dims)}")
+        for k, (d, want) in enumerate(zip(shape.dim, dims, strict=True)):
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != int(want):
+                raise InputError(f"shapes: input {name!r} dimension {k} is fixed at {d.dim_value}, got {want}")
+            d.Clear()
+            d.dim_value = int(want)
+    del out.graph.value_info[:]  # inferred again from the new input shapes
+    try:
+        return onnx.shape_inference.infer_shapes(out)
+    except Exception as exc:  # onnx raises several types; the shapes are what made it fail
+        raise InputError(f"shapes {dict(shapes)}: shape inference failed: {exc}") from exc
