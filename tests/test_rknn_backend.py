@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import BackendUnavailableError, CompileError, Session
 from hetsched._planning.devices import resolve_devices
-from hetsched._planning.model import load_model
 from hetsched.backends import WorkerInfo, get_backend
 from hetsched.backends.rknn import RknnBackend, RknnStage
+from hetsched.testing import with_seeded_weights
 
 F = TensorProto.FLOAT
 
@@ -83,36 +83,6 @@ def conv_net(seed: int = 0, opset: int = 13) -> onnx.ModelProto:
     return m
 
 
-def random_squeezenet(seed: int = 0) -> onnx.ModelProto:
-    """light_squeezenet with its ConstantOfShape weights (which overflow fp16) replaced by seeded
-    random initializers (He-scaled, small biases)."""
-    m = load_model("light_squeezenet")
-    rng = np.random.default_rng(seed)
-    shapes = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-    keep, new = [], []
-    for n in m.graph.node:
-        if n.op_type == "ConstantOfShape" and n.input[0] in shapes:
-            shape = tuple(int(d) for d in shapes[n.input[0]])
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
-            arr = rng.standard_normal(shape) * (np.sqrt(2.0 / fan_in) if fan_in else 0.01)
-            new.append(numpy_helper.from_array(arr.astype(np.float32), n.output[0]))
-        else:
-            keep.append(n)
-    del m.graph.node[:]
-    m.graph.node.extend(keep)
-    used = {i for n in keep for i in n.input}
-    inits = [t for t in m.graph.initializer if t.name in used] + new
-    del m.graph.initializer[:]
-    m.graph.initializer.extend(inits)
-    init_names = {t.name for t in inits}
-    inputs = [i for i in m.graph.input if i.name not in init_names and i.name in used]
-    del m.graph.input[:]
-    m.graph.input.extend(inputs)
-    m.ir_version = max(m.ir_version, 4)  # IR 3 lists every initializer as a graph input
-    onnx.checker.check_model(m)
-    return m
-
-
 def _reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
@@ -132,7 +102,7 @@ def _split_policy(problem):
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("which", ["conv_net", "squeezenet"])
 async def test_cnn_split_across_cpu_and_npu_matches_onnxruntime(twin_root: Path, which: str, anyio_backend: str):
-    model = conv_net() if which == "conv_net" else random_squeezenet()
+    model = conv_net() if which == "conv_net" else with_seeded_weights("light_squeezenet")
     devices = [*resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0]), _npu(twin_root)]
     backend = get_backend("rknn")
     before = backend.statistics()  # type: ignore[attr-defined]
