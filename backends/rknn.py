@@ -26,7 +26,8 @@ core, the default for ``npu``; ``1``), ``progress`` (called ``(stage, cached, se
 
 Quantized stages still take and return float tensors: the simulator (and lite2 by default)
 quantize inputs and dequantize outputs at the stage's edges. Each compile measures the
-stage's accuracy against fp32 onnxruntime (``hetsched._rknn.accuracy``). On a board the
+stage's accuracy against fp32 onnxruntime (``hetsched._rknn.accuracy``), kept in the cache verdict and
+reused by a cache hit. On a board the
 ``.rknn`` comes from the manifest ``hetsched compile --out DIR`` wrote (``HETSCHED_RKNN_CACHE=DIR``).
 """
 
@@ -49,13 +50,12 @@ from hetsched._errors import (
     CompileError,
     DeviceSpecError,
     HetschedError,
-    ModelError,
     StageExecutionError,
 )
-from hetsched._rknn.accuracy import StageAccuracy, measure_accuracy, random_samples
+from hetsched._rknn.accuracy import StageAccuracy, compile_time_accuracy
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
 from hetsched._rknn.prepare import io_specs, prepare_stage
-from hetsched._rknn.processes import ToolkitProcesses
+from hetsched._rknn.processes import Prebuilt, ToolkitProcesses
 
 from ._base import Capabilities, CompiledStage, Device, TensorSpec, WorkerInfo
 from .sim import OP_SETS, SimStage
@@ -145,7 +145,8 @@ class RknnStage:
 
     A :class:`~hetsched.backends.BindableStage` (the worker process writes outputs in place) and a
     :class:`~hetsched.backends.WorkerStateStage`: one toolkit context per device worker thread.
-    Worker 0 uses the context built at compile time; the others start and build their own.
+    Worker 0 uses the context built at compile time; the others' contexts start building in
+    background threads at compile time (:meth:`prebuild`), each in its own process.
     """
 
     def __init__(self, backend: RknnBackend, name: str, device: Device, request: Any, compiled: _Context,
@@ -171,6 +172,13 @@ class RknnStage:
         self.precision = precision
         self.model_sha256 = model_sha256
         self.accuracy: StageAccuracy | None = None
+        self._prebuilt: Prebuilt[_Context] | None = None
+
+    def prebuild(self, workers: int) -> None:
+        """Start building the contexts of workers ``1 .. workers - 1`` in background threads, so
+        that the first request reaching one finds it ready (:meth:`close` stops and reaps them)."""
+        if workers > 1 and self._prebuilt is None:
+            self._prebuilt = Prebuilt(range(1, workers), self._new_context, self._drop, name=self.name)
 
     def _error(self, exc: BaseException) -> StageExecutionError:
         err = StageExecutionError(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
@@ -215,29 +223,49 @@ class RknnStage:
         """
         mask = core_mask_for(self.device, worker.index, len(self._backend.worker_cpus(self.device)))
         compiled = self._compiled
+        ctx: _Context | None = None
         if worker.index == 0 and compiled is not None and compiled.proc.alive and id(compiled) not in self._live:
             ctx = compiled
-            ctx.mask = mask
         else:
             try:
-                proc = self._backend._processes.acquire(self.device.name, worker.index)
-                try:
-                    handle, result = proc.build(self.request)
-                except BaseException:
-                    self._backend._processes.release(proc)
-                    raise
-                if handle is None or not result.ok:
-                    self._backend._processes.release(proc)
-                    raise CompileError(result.message)
+                prebuilt = self._prebuilt
+                ctx = prebuilt.take(worker.index) if prebuilt is not None else None
+                if ctx is not None and not ctx.proc.alive:  # its process died since: build anew
+                    self._drop(ctx)
+                    ctx = None
+                if ctx is None:
+                    ctx = self._new_context(worker.index)
             except HetschedError as exc:
                 raise self._error(exc) from exc
-            ctx = _Context(proc, handle, mask, worker.index)
-            with self._lock:
-                self._started += 1
+            if ctx is None:
+                raise self._error(RuntimeError("the stage is closed"))
+        ctx.mask = mask
         with self._lock:
             self._masks[worker.index] = mask
             self._live.add(id(ctx))
         return ctx
+
+    def _new_context(self, index: int, stop: threading.Event | None = None) -> _Context | None:
+        """The stage built in worker ``index``'s process (None once ``stop`` is set).
+
+        :raises CompileError: the build failed (the toolkit's message).
+        :raises ToolkitWorkerError: the process could not start or died.
+        """
+        proc = self._backend._processes.acquire(self.device.name, index)
+        try:
+            if stop is not None and stop.is_set():
+                self._backend._processes.release(proc)
+                return None
+            handle, result = proc.build(self.request)
+        except BaseException:
+            self._backend._processes.release(proc)
+            raise
+        if handle is None or not result.ok:
+            self._backend._processes.release(proc)
+            raise CompileError(result.message)
+        with self._lock:
+            self._started += 1
+        return _Context(proc, handle, NPU_CORE_AUTO, index)
 
     def close_worker_state(self, state: object) -> None:
         if not isinstance(state, _Context):
@@ -270,6 +298,9 @@ class RknnStage:
         return tuple(zip(self.input_names + self.output_names, self._in_specs + self._out_specs, strict=True))
 
     def close(self) -> None:
+        prebuilt, self._prebuilt = self._prebuilt, None
+        if prebuilt is not None:
+            prebuilt.close()
         compiled, self._compiled = self._compiled, None
         if compiled is not None:
             self._drop(compiled)
@@ -418,7 +449,11 @@ class RknnBackend:
                           cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key), precision=precision,
                           model_sha256=hashlib.sha256(data).hexdigest())
         try:
-            stage.accuracy = self._accuracy(stage, data, calibration)
+            stage.prebuild(len(self.worker_cpus(device)))
+            stored = StageAccuracy.from_json(verdict.accuracy) if verdict is not None and verdict.accuracy else None
+            stage.accuracy = compile_time_accuracy(stage, data, calibration, stored, keyed_calibration=quantize)
+            if stage.accuracy is not None and stage.accuracy is not stored:
+                cache.record_accuracy(key, dataclasses.asdict(stage.accuracy))
         except BaseException:
             stage.close()
             raise
@@ -445,23 +480,6 @@ class RknnBackend:
             raise CompileError(f"{device}: INT8 needs calibration data (Session(calibration=...), "
                                "--calibration DIR, or a dataset option)")
         return str(given), calibration_hash(given)
-
-    @staticmethod
-    def _accuracy(stage: RknnStage, data: bytes, calibration: Any) -> StageAccuracy | None:
-        """The stage in the simulator vs fp32 onnxruntime (module ``hetsched._rknn.accuracy``)."""
-        in_specs = [spec for _n, spec in stage.io_specs()[: len(stage.input_names)]]
-        if calibration is not None:
-            samples, source = calibration.tensors(stage.input_names), "calibration"
-        else:
-            samples, source = random_samples(in_specs), "random"
-
-        def run(sample: Sequence[np.ndarray]) -> list[np.ndarray]:
-            return stage.run(dict(zip(stage.input_names, sample, strict=True)))
-
-        try:
-            return measure_accuracy(data, stage.input_names, samples, run, source=source)
-        except ModelError:
-            return None  # onnxruntime cannot run the stage alone: no reference, not a failure
 
     def _board_stage(self, prepared: onnx.ModelProto, data: bytes, device: Device, name: str, target: str,
                      precision: str | None) -> CompiledStage:

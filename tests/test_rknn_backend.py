@@ -7,6 +7,8 @@ or ``HETSCHED_RKNN_PYTHON``); the stages run in its simulator, the rest on onnxr
 from __future__ import annotations
 
 import dataclasses
+import json
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import BackendUnavailableError, CompileError, Session
 from hetsched._planning.devices import resolve_devices
+from hetsched._rknn.accuracy import RANDOM_SAMPLES
 from hetsched.backends import WorkerInfo, get_backend
 from hetsched.backends.rknn import RknnBackend, RknnStage
 from hetsched.testing import with_seeded_weights
@@ -221,3 +224,63 @@ def test_a_refused_stage_raises_the_toolkits_message_and_the_refusal_is_cached(t
     assert str(again.value) == str(first.value)
     s = backend.statistics()
     assert (s.conversions, s.cache_hits, s.refusals_cached) == (converted.conversions, 1, 1)
+
+
+def test_other_workers_contexts_build_in_the_background_at_compile(twin_root: Path):
+    backend = RknnBackend()
+    stage = backend.compile(conv_net(seed=6), _npu(twin_root), name="s")
+    try:
+        deadline = time.monotonic() + 120
+        while stage.rknn.statistics().contexts_started < 2 and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        assert stage.rknn.statistics().contexts_started == 2  # type: ignore[attr-defined]  # before any request
+        states = [stage.worker_state(WorkerInfo("npu", i, ())) for i in range(3)]  # type: ignore[attr-defined]
+        assert len({st.proc.pid for st in states}) == 3
+        stats = stage.rknn.statistics()  # type: ignore[attr-defined]
+        assert stats.core_masks == (1, 2, 4) and stats.contexts_started == 2  # taken, not built again
+        for st in states:
+            stage.close_worker_state(st)  # type: ignore[attr-defined]
+    finally:
+        stage.close()
+
+
+def test_a_stage_closed_at_once_reaps_its_background_contexts(twin_root: Path):
+    backend = RknnBackend()
+    started: list = []
+    acquire = backend._processes.acquire
+
+    def recording(device: str, index: int):
+        proc = acquire(device, index)
+        started.append(proc)
+        return proc
+
+    backend._processes.acquire = recording  # type: ignore[method-assign]
+    threads = set(threading.enumerate())
+    stage = backend.compile(conv_net(seed=7), _npu(twin_root), name="s")
+    stage.close()
+    assert set(threading.enumerate()) - threads == set()
+    assert started and all(not p.alive and p._proc.poll() is not None for p in started)  # stopped and reaped
+    assert backend._processes._procs == {}
+
+
+def test_a_cache_hit_reuses_the_measured_accuracy(twin_root: Path, tmp_path: Path):
+    backend = RknnBackend()
+    model = conv_net(seed=8)
+    dev = _npu(twin_root, "npu:1", cache_dir=str(tmp_path))
+    first = backend.compile(model, dev, name="s")
+    measured = first.rknn.statistics()  # type: ignore[attr-defined]
+    first.close()
+    assert measured.accuracy is not None and measured.runs == RANDOM_SAMPLES and not measured.cached
+    again = backend.compile(model, dev, name="s")
+    hit = again.rknn.statistics()  # type: ignore[attr-defined]
+    again.close()
+    assert hit.cached and hit.accuracy == measured.accuracy and hit.runs == 0  # no simulator run
+    (verdict,) = tmp_path.rglob("*.json")
+    data = json.loads(verdict.read_text())
+    del data["accuracy"]  # an entry written before accuracies were kept: measured again, then kept
+    verdict.write_text(json.dumps(data))
+    old = backend.compile(model, dev, name="s")
+    remeasured = old.rknn.statistics()  # type: ignore[attr-defined]
+    old.close()
+    assert remeasured.runs == RANDOM_SAMPLES and remeasured.accuracy == measured.accuracy
+    assert "accuracy" in json.loads(verdict.read_text())

@@ -9,7 +9,7 @@ samples where the session has calibration feeds, else seeded random ones of its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from .._errors import ModelError
 
-__all__ = ["StageAccuracy", "cosine", "measure_accuracy", "random_samples", "stage_accuracy"]
+__all__ = ["RANDOM_SAMPLES", "StageAccuracy", "compile_time_accuracy", "cosine", "measure_accuracy", "random_samples", "stage_accuracy"]
 
 RANDOM_SAMPLES = 4
 """Seeded random samples when no calibration feeds exist."""
@@ -35,6 +35,16 @@ class StageAccuracy:
 
     def to_json(self) -> dict[str, Any]:
         return {"min_cosine": self.min_cosine, "max_rel_error": self.max_rel_error, "samples": self.samples}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StageAccuracy | None:
+        """The accuracy ``dataclasses.asdict`` wrote (a cache verdict's), or None when ``data`` is
+        not one (an entry of another version: measure again)."""
+        try:
+            return cls(float(data["min_cosine"]), float(data["max_rel_error"]), int(data["samples"]),
+                       str(data["source"]))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -85,6 +95,31 @@ def measure_accuracy(model_bytes: bytes, input_names: Sequence[str], samples: Se
             min_cos = min(min_cos, cosine(got, ref))
             max_rel = max(max_rel, _rel_error(got, ref))
     return StageAccuracy(min_cos, max_rel, len(samples), source)
+
+
+def compile_time_accuracy(stage: Any, data: bytes, calibration: Any, stored: StageAccuracy | None, *,
+                          keyed_calibration: bool) -> StageAccuracy | None:
+    """A compiled stage (``stage.run``, ``io_specs``, ``input_names``) in the simulator vs fp32
+    onnxruntime on ``data`` (the prepared stage), or ``stored`` (from the cache verdict) where it
+    was measured on the same inputs: the same seeded random samples, or calibration samples the
+    cache key covers (``keyed_calibration``); None when onnxruntime cannot run the stage alone.
+    """
+    if stored is not None and (stored.source == "random" and calibration is None and stored.samples == RANDOM_SAMPLES
+                               or stored.source == "calibration" and calibration is not None and keyed_calibration):
+        return stored
+    in_specs = [spec for _n, spec in stage.io_specs()[: len(stage.input_names)]]
+    if calibration is not None:
+        samples, source = calibration.tensors(stage.input_names), "calibration"
+    else:
+        samples, source = random_samples(in_specs), "random"
+
+    def run(sample: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return list(stage.run(dict(zip(stage.input_names, sample, strict=True))))
+
+    try:
+        return measure_accuracy(data, stage.input_names, samples, run, source=source)
+    except ModelError:
+        return None  # no reference, not a failure
 
 
 def stage_accuracy(session: Any) -> dict[str, StageAccuracy]:

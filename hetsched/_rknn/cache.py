@@ -6,7 +6,8 @@ else ``$XDG_CACHE_HOME/hetsched/rknn-cache``, ``~/.cache`` when XDG_CACHE_HOME i
     <kk>/<key>.onnx     the prepared stage model (what the toolkit converts; a simulator context
                         is built from it again, since the simulator cannot run a loaded .rknn)
     <kk>/<key>.rknn     the converted stage, for the board (rknn-toolkit-lite2 loads it)
-    <kk>/<key>.json     the verdict: {"ok": bool, "message": str, "seconds": float, ...}
+    <kk>/<key>.json     the verdict: {"ok": bool, "message": str, "seconds": float, ...,
+                        "accuracy": {...} once measured (see :meth:`CompileCache.record_accuracy`)}
 
 ``key`` is a sha256 over everything that changes the conversion (:func:`stage_key`), ``kk`` its
 first two hex digits. Every file is written to a temporary name in its final directory and
@@ -112,11 +113,16 @@ class Verdict:
     """How long the conversion took."""
     toolkit_version: str
     target: str
+    accuracy: Mapping[str, Any] | None = None
+    """The converted stage's accuracy as measured on its first compile (None: not measured yet)."""
 
     def to_json(self) -> str:
-        return json.dumps({"ok": self.ok, "message": self.message, "seconds": self.seconds,
-                           "toolkit_version": self.toolkit_version, "target": self.target,
-                           "created": time.time()}, indent=1)
+        data: dict[str, Any] = {"ok": self.ok, "message": self.message, "seconds": self.seconds,
+                                "toolkit_version": self.toolkit_version, "target": self.target,
+                                "created": time.time()}
+        if self.accuracy is not None:
+            data["accuracy"] = dict(self.accuracy)
+        return json.dumps(data, indent=1)
 
 
 @dataclass(frozen=True)
@@ -196,8 +202,10 @@ class CompileCache:
         is gone); a hit is counted."""
         try:
             data = json.loads(self.verdict_path(key).read_text())
+            accuracy = data.get("accuracy")
             verdict = Verdict(bool(data["ok"]), str(data["message"]), float(data["seconds"]),
-                              str(data["toolkit_version"]), str(data["target"]))
+                              str(data["toolkit_version"]), str(data["target"]),
+                              dict(accuracy) if isinstance(accuracy, dict) else None)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         if verdict.ok and not self.rknn_path(key).is_file():
@@ -225,6 +233,25 @@ class CompileCache:
                     with contextlib.suppress(OSError):
                         os.unlink(exported)
             _atomic_write(self.verdict_path(key), verdict.to_json().encode())
+        except OSError as exc:
+            raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
+
+    def record_accuracy(self, key: str, accuracy: Mapping[str, Any]) -> None:
+        """Add a measured accuracy to the stored success ``key`` (no entry, or a refusal: nothing);
+        not a conversion, not a hit.
+
+        :raises BackendError: the cache directory cannot be written.
+        """
+        path = self.verdict_path(key)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # gone or being replaced: the next compile measures again
+        if not isinstance(data, dict) or not data.get("ok"):
+            return
+        data["accuracy"] = dict(accuracy)
+        try:
+            _atomic_write(path, json.dumps(data, indent=1).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
 
