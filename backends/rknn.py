@@ -449,7 +449,8 @@ class RknnBackend:
                           cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key), precision=precision,
                           model_sha256=hashlib.sha256(data).hexdigest())
         try:
-            stage.prebuild(len(self.worker_cpus(device)))
+            if not device.options.get("trial"):  # a refusal trial is closed at once
+                stage.prebuild(len(self.worker_cpus(device)))
             stored = StageAccuracy.from_json(verdict.accuracy) if verdict is not None and verdict.accuracy else None
             stage.accuracy = compile_time_accuracy(stage, data, calibration, stored, keyed_calibration=quantize)
             if stage.accuracy is not None and stage.accuracy is not stored:

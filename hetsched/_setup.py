@@ -183,11 +183,15 @@ def _cached(compiled: CompiledStage) -> bool | None:
 def _compile_batch(index: GraphIndex, jobs: Sequence[tuple[StageSpec, Device]], events: CompileEvents | None,
                    *, trial: bool = False) -> list[CompiledStage | BaseException]:
     """Each job's stage compiled for its device, concurrently (see :func:`_parallel`), each
-    between its compile events when ``events`` is given."""
+    between its compile events when ``events`` is given. A trial (one unit alone, to find what a
+    device refuses) is compiled with ``Device.options["trial"] = True``: it is closed right after,
+    so a backend should not start what only serving needs (more contexts, warm-up)."""
     total = len(jobs)
 
     def one(k: int) -> CompiledStage:
         spec, dev = jobs[k]
+        if trial:
+            dev = dataclasses.replace(dev, options={**dev.options, "trial": True})
         if events is None:
             return _compile_one(index, dev, spec)
         return events.around(lambda: _compile_one(index, dev, spec),

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from hetsched import BackendUnavailableError, CompileError, Session
 from hetsched._planning.devices import resolve_devices
@@ -24,6 +24,8 @@ from hetsched._rknn.accuracy import RANDOM_SAMPLES
 from hetsched.backends import WorkerInfo, get_backend
 from hetsched.backends.rknn import RknnBackend, RknnStage
 from hetsched.testing import with_seeded_weights
+
+from _rknn_models import conv_net
 
 F = TensorProto.FLOAT
 
@@ -59,31 +61,6 @@ def _npu(twin_root: Path, spec: str = "npu", **options: object):
     return dataclasses.replace(dev, options={**dev.options, **options})
 
 
-def conv_net(seed: int = 0, opset: int = 13) -> onnx.ModelProto:
-    """A small seeded-random CNN: conv-relu-pool-conv-relu-gap-flatten-gemm, 10 logits."""
-    rng = np.random.default_rng(seed)
-
-    def w(name, *shape):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        return numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32), name)
-
-    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 16, 8, 3, 3), w("b2", 16), w("fc", 10, 16), w("fcb", 10)]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
-        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
-        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1, name="fc"),
-    ]
-    m = helper.make_model(helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
-                                            [helper.make_tensor_value_info("y", F, [1, 10])], initializer=inits),
-                          opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
 
 
 def _reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -242,6 +219,32 @@ def test_other_workers_contexts_build_in_the_background_at_compile(twin_root: Pa
             stage.close_worker_state(st)  # type: ignore[attr-defined]
     finally:
         stage.close()
+
+
+def test_a_refusal_trial_starts_no_background_contexts(twin_root: Path):
+    # The session compiles units alone with options["trial"] to find what a device refuses and
+    # closes them at once: other workers' contexts would only be started to be killed.
+    backend = RknnBackend()
+    asked: list[int] = []
+    acquire = backend._processes.acquire
+
+    def recording(device: str, index: int):
+        asked.append(index)  # recorded before the (slow) process start
+        return acquire(device, index)
+
+    backend._processes.acquire = recording  # type: ignore[method-assign]
+    dev = _npu(twin_root)
+    for options, want in (({**dev.options, "trial": True}, [0]), (dev.options, [0, 1, 2])):
+        asked.clear()
+        stage = backend.compile(conv_net(seed=6), dataclasses.replace(dev, options=options), name="s")
+        try:
+            deadline = time.monotonic() + 5
+            while sorted(asked) != want and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)  # room for a background start that should not happen
+            assert sorted(asked) == want
+        finally:
+            stage.close()
 
 
 def test_a_stage_closed_at_once_reaps_its_background_contexts(twin_root: Path):

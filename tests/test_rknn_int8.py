@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from hetsched import BackendUnavailableError, ModelError, Session
 from hetsched._planning.devices import resolve_devices
@@ -26,6 +26,8 @@ from hetsched._rknn.accuracy import stage_accuracy
 from hetsched._rknn.calibrate import CalibrationSet, load_calibration_dir
 from hetsched.backends.rknn import RknnBackend, RknnStage
 from hetsched.testing import with_seeded_weights
+
+from _rknn_models import conv_net
 
 try:
     from hetsched._rknn.env import find_toolkit_python
@@ -56,28 +58,6 @@ def _npu(root: Path, **options: object):
     return dataclasses.replace(dev, options={**dev.options, **options})
 
 
-def conv_net(seed: int = 0) -> onnx.ModelProto:
-    """conv-relu-pool-conv-relu-gap-flatten-gemm, seeded He weights, 10 logits."""
-    rng = np.random.default_rng(seed)
-
-    def w(name: str, *shape: int) -> onnx.TensorProto:
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        return numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32), name)
-
-    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 16, 8, 3, 3), w("b2", 16), w("fc", 10, 16), w("fcb", 10)]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2], name="pool1"),
-        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
-        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], transB=1, name="fc"),
-    ]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", F, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", F, [1, 10])], initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def _input(model: onnx.ModelProto) -> tuple[str, list[int]]:

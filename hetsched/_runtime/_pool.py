@@ -160,11 +160,7 @@ class BufferPool:
                         if self._in_use > self._peak:
                             self._peak = self._in_use
                     else:
-                        try:
-                            block = self._take_block_locked(cls, label)
-                        except BaseException:
-                            self._in_use -= cls
-                            raise
+                        return self._new_handle_locked(cls, nbytes, dtype, shape, owner, tag, label)
                     buf = TensorBuffer(self, block, nbytes, dtype, shape, owner or self.domain.name, tag, label)
                     self._live[buf] = None
                     return buf
