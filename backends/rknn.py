@@ -48,9 +48,11 @@ import onnx
 
 from hetsched._errors import (
     CompileError,
+    DeviceFailedError,
     DeviceSpecError,
     HetschedError,
     StageExecutionError,
+    ToolkitWorkerError,
 )
 from hetsched._rknn.accuracy import StageAccuracy, compile_time_accuracy
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
@@ -69,6 +71,7 @@ __all__ = [
     "RknnStageStatistics",
     "core_mask",
     "rknn_capabilities",
+    "toolkit_unavailable_reason",
 ]
 
 NPU_CORES = 3
@@ -181,8 +184,12 @@ class RknnStage:
             self._prebuilt = Prebuilt(range(1, workers), self._new_context, self._drop, name=self.name)
 
     def _error(self, exc: BaseException) -> StageExecutionError:
-        err = StageExecutionError(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
-                                  stage=self.name, device=self.device.name)
+        # a worker process that died is the device failing (failover re-places the stage);
+        # anything else the toolkit said is about this run
+        dead = isinstance(exc, ToolkitWorkerError) and "failed to run" not in str(exc)
+        cls = DeviceFailedError if dead else StageExecutionError
+        err = cls(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
+                  stage=self.name, device=self.device.name)
         err.__cause__ = exc
         return err
 
@@ -506,6 +513,23 @@ def core_mask_for(device: Device, index: int, workers: int) -> int:
     if given == NPU_CORE_AUTO and workers > 1:
         return 1 << (index % NPU_CORES)
     return given
+
+
+
+def toolkit_unavailable_reason() -> str | None:
+    """Why stages cannot compile for the NPU off the board (no RKNN toolkit environment), or None.
+
+    The device resolver asks this to leave the NPU out of a twin root's default devices
+    rather than plan stages onto it that would then fail to compile.
+    """
+    from hetsched._errors import BackendUnavailableError
+    from hetsched._rknn.env import find_toolkit_python
+
+    try:
+        find_toolkit_python()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    return None
 
 
 backend_class = RknnBackend

@@ -19,6 +19,7 @@ worker thread), so the counters cost the fast path nothing.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -113,6 +114,12 @@ class SessionCore:
     def is_open(self) -> bool:
         return self._open
 
+    @property
+    def generation(self) -> Any:
+        """The plan generation new requests use (``_runtime._generation``), or None before opening."""
+        sch = self._scheduler
+        return sch.generation if sch is not None else None
+
     def require_open(self, call: str) -> Scheduler:
         """The scheduler of the open session.
 
@@ -121,6 +128,10 @@ class SessionCore:
         sch = self._scheduler
         if not self._open or sch is None:
             raise RuntimeStateError(f"Session is not open: use 'async with Session(...)' before {call}")
+        if threading.get_ident() != sch._loop_thread:
+            raise RuntimeStateError(
+                f"{call}: this Session was opened on an event loop in another thread; use it from the "
+                "loop that entered 'async with Session(...)' (or a SyncSession from plain threads)")
         return sch
 
     # -- checks ---------------------------------------------------------------------------
@@ -213,6 +224,7 @@ class SessionCore:
         if dispatch.listeners[Event.REQUEST_START]:
             self.emit(Event.REQUEST_START, request_id=rid, priority=Priority(priority))
         error: BaseException | None = None
+        req: Request | None = None
         try:
             req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy)
             await sch.execute(req)
@@ -230,7 +242,8 @@ class SessionCore:
         finally:
             self._running -= 1
             if dispatch.listeners[Event.REQUEST_END]:
-                self.emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error)
+                self.emit(Event.REQUEST_END, request_id=rid, priority=Priority(priority), error=error,
+                          energy_j=req.energy_j if req is not None and req.energy_j else None)
 
     def deliver(self, req: Request, zero_copy: bool) -> dict[str, Any] | Outputs:
         """Close the finished ``req`` and hand its outputs over (see ``hetsched/_delivery.py``).

@@ -18,6 +18,7 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     │   ├── CompileError                a stage could not be compiled for its device
     │   ├── ToolkitWorkerError          a vendor toolkit's worker process died or broke its protocol
     │   └── StageExecutionError         a stage failed at run time (names stage and device)
+    │       └── DeviceFailedError       the device itself failed (not the input): counts toward failover
     ├── RuntimeStateError               (+ RuntimeError) session used outside ``async with``/after close
     │   └── UnsupportedEventLoopError   the running event loop is neither asyncio nor trio
     ├── BufferStateError                (+ RuntimeError) illegal buffer lifecycle transition / refcount
@@ -50,6 +51,7 @@ __all__ = [
     "BufferLeakError",
     "BufferStateError",
     "CompileError",
+    "DeviceFailedError",
     "DeviceSpecError",
     "FrequencyLockError",
     "GovernorError",
@@ -167,6 +169,12 @@ class StageExecutionError(BackendError):
         super().__init__(message)
         self.stage = stage
         self.device = device
+
+
+class DeviceFailedError(StageExecutionError):
+    """The device failed, not the request's data: a vendor worker process died, a driver or
+    device was lost. A backend raises it so that the session's failover counts the failure
+    (repeated ones quarantine the device and re-place its work; the request is retried)."""
 
 
 # -- runtime ------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CompileInfo", "Event", "EventInfo", "HookDispatcher", "Hooks", "Priority"]
+__all__ = ["CompileInfo", "Event", "EventInfo", "HookDispatcher", "Hooks", "Priority", "ReplanInfo"]
 
 
 class Priority(enum.IntEnum):
@@ -45,6 +45,7 @@ class Event(enum.StrEnum):
                     outputs = device.run(stage)
                     # AFTER_STAGE                (also after a failing stage, with .error set)
                 # REQUEST_END                    (also on failure/cancellation, with .error set)
+            # REPLAN                         (whenever a new plan is installed while serving)
         # SESSION_END
 
     Attributes:
@@ -61,6 +62,10 @@ class Event(enum.StrEnum):
         PREEMPTED / RESUMED: a low-priority copy was soft-suspended / resumed (``extra`` as above).
             A more urgent *stage* overtaking queued ones at a stage boundary is the scheduler's
             normal order and fires no event.
+        REPLAN: a new plan is in place while serving (``Session.replan``, a device heating up or
+            failing, measured costs drifting from the plan's); ``extra`` is a
+            :class:`hetsched.ReplanInfo` with the reason. Requests admitted from then on use
+            it; those in flight finish on the old plan, whose stages close when drained.
         SESSION_END: workers stopped; fires even when the session exits with an error.
     """
 
@@ -75,6 +80,7 @@ class Event(enum.StrEnum):
     BEFORE_STAGE = "before_stage"
     AFTER_STAGE = "after_stage"
     REQUEST_END = "request_end"
+    REPLAN = "replan"
     SESSION_END = "session_end"
 
     @property
@@ -100,6 +106,9 @@ class EventInfo:
     nbytes: int | None = None
     error: BaseException | None = None
     extra: Any = None
+    energy_j: float | None = None
+    """Joules: of this stage run (``AFTER_STAGE``) or of the request's stage runs
+    (``REQUEST_END``), where the backends report energy (a twin's modelled figure)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +134,21 @@ class CompileInfo:
     """A unit compiled alone to find whether its device refuses it (not a plan's stage)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ReplanInfo:
+    """The ``extra`` of ``REPLAN``: why the session re-planned, and what changed."""
+
+    reason: str
+    number: int
+    """This plan's number: 0 is the plan made at opening, each re-plan adds one."""
+    moved_units: int
+    """Units whose device differs from the previous plan's."""
+    quarantined: tuple[str, ...] = ()
+    """Devices left out of the new plan after repeated failures."""
+    seconds: float | None = None
+    """Seconds from the decision to re-plan until the new plan was in place (compiles included)."""
+
+
 class Hooks:
     """Base class of session hooks; each method is a no-op named after an :class:`Event`.
 
@@ -144,6 +168,7 @@ class Hooks:
     def before_stage(self, info: EventInfo) -> None: ...
     def after_stage(self, info: EventInfo) -> None: ...
     def request_end(self, info: EventInfo) -> None: ...
+    def replan(self, info: EventInfo) -> None: ...
     def session_end(self, info: EventInfo) -> None: ...
 
 

@@ -28,9 +28,10 @@ import onnx
 from hetsched.backends import Device, get_backend
 from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 
+from ._adapt import Adapter
 from ._core import SessionCore, priority_value
 from ._delivery import Outputs
-from ._errors import BufferLeakError, RuntimeStateError
+from ._errors import BufferLeakError, HetschedError, RuntimeStateError
 from ._events import Event, HookDispatcher, Priority
 from ._feeds import FeedChecker, random_feeds
 from ._planning.costs import CostTable
@@ -39,9 +40,11 @@ from ._planning.graph import GraphIndex
 from ._planning.model import ModelSource
 from ._planning.plan import Plan, build_plan
 from ._profiling import profile_units
+from ._replan import Replanning, ReplanStatistics
 from ._runtime._buffers import BufferPool, PoolStatistics, pools_for
 from ._runtime._clock import Clock, SystemClock
 from ._runtime._domains import Topology
+from ._runtime._failover import FailoverStatistics
 from ._runtime._scheduler import Scheduler, StageRuntime
 from ._runtime._transfer import CopyFn, TransferEngine, TransferStatistics
 from ._setup import (
@@ -100,6 +103,20 @@ class SessionStatistics:
     compile: CompileStatistics = field(default_factory=CompileStatistics)
     """Conversions, cache hits and conversion seconds of the backends since the session opened,
     and the (unit, device) pairs refused by trying (see ``hetsched/_setup.py``)."""
+    energy_j: float | None = None
+    """Joules of every stage run so far (plans re-placed away included), where the backends
+    report energy; None when none does."""
+    energy_source: str | None = None
+    """Where :attr:`energy_j` comes from: ``"modelled"`` (a twin's devices and the NPU on a
+    twin root: the twin's power model at the clocks of each run), or None."""
+    stage_energy_j: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per stage of the current plan, the joules its runs spent (where reported)."""
+    replanning: ReplanStatistics = field(default_factory=ReplanStatistics)
+    """Re-plans while serving and why the last one happened."""
+    failover: FailoverStatistics | None = None
+    """Device failures, re-submitted requests, quarantined devices (None: failover off)."""
+    allocation_failures: int = 0
+    """Stage runs whose pool buffers could not be allocated (they ran unbound, still bound after)."""
 
     @property
     def bytes_copied_same_domain(self) -> int:
@@ -173,6 +190,12 @@ class Session:
         by hand, so nothing it checks depends on how fast the machine is).
     :param shapes: ``{input name: dims}`` fixing free dimensions for backends that need static
         shapes (passed to each compile in the device's options under ``"shapes"``).
+    :param replanning: how the session adapts while serving (:class:`hetsched.Replanning`: board
+        sampling period, thermal/power thresholds with hysteresis, cost drift factor, failures
+        that quarantine a device); None: the plan made at opening stays (and a failing stage
+        fails its request, nothing is retried).
+    :param power_budget_w: the board power the policy's ``power_headroom`` is measured against
+        (rails where measured, the SoC model where estimated); None: no budget (headroom 1).
     :param calibration: feed dicts for the model's graph inputs (an iterable, read once here, at
         most 64 used): NPU stages are quantized to INT8 (w8a8) and calibrated with the tensors
         their upstream stages produce for these feeds (computed on the host by onnxruntime); each
@@ -209,6 +232,8 @@ class Session:
         clock: Clock | None = None,
         shapes: Mapping[str, Sequence[int]] | None = None,
         calibration: Iterable[Mapping[str, Any]] | None = None,
+        replanning: Replanning | None = Replanning(),  # noqa: B008 (a frozen dataclass: one shared value)
+        power_budget_w: float | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -251,12 +276,26 @@ class Session:
         # (unit key, device) -> the backend's message: found by trying, kept for every re-plan
         self._refusals: dict[tuple[str, str], str] = {}
         self._compile_base = CompileStatistics()
+        if replanning is not None and not isinstance(replanning, Replanning):
+            raise TypeError(f"replanning must be a hetsched.Replanning or None, got {type(replanning).__name__}")
+        self._replanning = replanning
+        self._power_budget = power_budget_w
+        self._adapter: Adapter | None = None
+        self._telemetry: Any = None
+        self._opening = False
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> Session:
-        if self._core.is_open:
-            raise RuntimeStateError("Session is already open")
+        if self._core.is_open or self._opening:
+            raise RuntimeStateError("Session is already open (or being opened by another task)")
+        self._opening = True
+        try:
+            return await self._open()
+        finally:
+            self._opening = False
+
+    async def _open(self) -> Session:
         index, constants = await anyio.to_thread.run_sync(load_index, self._source, self._shapes)
         self._index = index
         self._devices = list(resolve_devices(self._device_specs, root=self._root))
@@ -276,9 +315,15 @@ class Session:
                 dispatch=self._dispatch, costs=self.costs, learn_costs=self._learn_costs,
                 priorities=self._priorities, aging_s=self._aging_s, clock=self._clock,
             )
+            self._adapter = Adapter(config=self._replanning, scheduler=self._scheduler, dispatch=self._dispatch,
+                                    plan_fn=self._plan_and_compile, install=self._install,
+                                    sample=self._sample_states, perf=self._clock.perf_counter)
+            adapter = self._adapter
+            states = await anyio.to_thread.run_sync(adapter.initial_states)
             await self._replan()
             self._core.open(self._scheduler, FeedChecker(index), index.graph_outputs, constants)
             self._start_workers()
+            await adapter.start(monitor=bool(states))
         except BaseException as exc:
             self._core.close()
             with anyio.CancelScope(shield=True):
@@ -289,15 +334,24 @@ class Session:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        with anyio.CancelScope(shield=True):
-            self._core.close()
-            leak = await self._shutdown(exc)
-            self._core.emit(Event.SESSION_END, error=exc or leak)
+        self._core.close()
+        try:
+            # the adapter's task group was entered outside any shield: it exits here, before
+            # the shielded part (its tasks are cancelled; a re-plan's compile thread finishes)
+            if self._adapter is not None:
+                await self._adapter.stop()
+        finally:
+            with anyio.CancelScope(shield=True):
+                leak = await self._shutdown(exc)
+                self._core.emit(Event.SESSION_END, error=exc or leak)
         if leak is not None and exc is None:
             raise leak
 
     async def _shutdown(self, exc: BaseException | None) -> BufferLeakError | None:
-        """Stop workers, close stages, the engine and the pools; returns the pools' leak report."""
+        """Stop re-planning, the workers, close stages, the engine and the pools; returns the
+        pools' leak report."""
+        if self._adapter is not None:
+            await self._adapter.stop()  # a no-op when __aexit__ stopped it already
         await self._stop_workers()
         self._close_stages()
         if self._engine is not None:
@@ -340,33 +394,91 @@ class Session:
             self._scheduler.abort(w.drain(), RuntimeStateError("the session stopped its device workers"))
 
     def _close_stages(self) -> None:
-        for st in self._stages:
-            st.compiled.close()
+        """Close every plan's stages (the workers have stopped; they closed their own states)."""
+        sch, adapter = self._scheduler, self._adapter
+        if sch is not None and adapter is not None:
+            for gen in sch.live_generations():
+                adapter.close_generation(gen)
+        elif self._stages:
+            for st in self._stages:
+                st.compiled.close()
         self._stages = []
 
-    async def _replan(self, *, use_costs: bool = False) -> None:
+    def _sample_states(self) -> Mapping[str, DeviceState] | None:
+        """One sample of the board's device states (blocking), or None where the root has no
+        telemetry (no thermal zone, no clock domain: a host like a CI machine)."""
+        from ._planning.states import device_states
+
+        try:
+            if self._telemetry is None:
+                from ._estimators import power_estimator_for
+                from ._platform.discovery import discover
+                from ._platform.telemetry import Telemetry
+
+                platform = discover(self._root)
+                self._telemetry = Telemetry(self._root, estimator=power_estimator_for(platform), platform=platform)
+            snap = self._telemetry.sample_once()
+        except HetschedError:
+            return None  # an unreadable board: planning goes on with default states
+        if not snap.zones and not snap.domains:
+            return None
+        return device_states(snap, self._devices, power_budget_w=self._power_budget)
+
+    def _plan_and_compile(self, excluded: Sequence[str], sampled: Mapping[str, DeviceState],
+                          use_costs: bool) -> tuple[Plan, list[StageRuntime]]:
+        """Plan over the devices not ``excluded`` and compile the stages (blocking: a thread)."""
         index = self._index
-        assert index is not None and self._scheduler is not None and self._topology is not None
+        assert index is not None
         policy = get_policy(self._policy)
+        devices = [d for d in self._devices if d.name not in set(excluded)]
+        states = {**sampled, **self._device_states}
 
         def build(refused: Mapping[tuple[str, str], str]) -> Plan:
-            return build_plan(index, self._devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
-                              device_states=self._device_states, costs=self.costs if use_costs else None)
+            return build_plan(index, devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
+                              device_states=states, costs=self.costs if use_costs else None)
 
         if self._calibration_feeds is not None and self._calibration is None:
             from ._rknn.calibrate import CalibrationSet
 
             self._calibration = CalibrationSet(index.model, self._calibration_feeds)
-        plan, stages = await anyio.to_thread.run_sync(
-            lambda: plan_and_compile(index, build, self._refusals, shapes=self._shapes,
-                                     calibration=self._calibration, events=CompileEvents(self._dispatch, self._clock)))
-        old = self._stages
+        return plan_and_compile(index, build, self._refusals, shapes=self._shapes, calibration=self._calibration,
+                                events=CompileEvents(self._dispatch, self._clock))
+
+    def _install(self, plan: Plan, stages: list[StageRuntime], on_drained: Callable[[Any], None]) -> None:
+        """Make ``plan`` the one new requests use (event loop)."""
+        assert self._scheduler is not None and self._topology is not None
         self._plan, self._stages = plan, stages
-        for st in old:
-            st.compiled.close()
         source = output_sources(plan)
-        self._scheduler.set_stages(stages, source)
+        gen = self._scheduler.set_stages(stages, source, on_drained)
+        gen.plan = plan
         self._core.set_stages(stages, source, self._topology, self._host)
+
+    async def _replan(self, *, use_costs: bool = False) -> None:
+        """The opening plan, or (``profile``) a re-plan with the workers stopped."""
+        adapter = self._adapter
+        assert adapter is not None
+        plan, stages = await anyio.to_thread.run_sync(self._plan_and_compile, adapter.failover.quarantined
+                                                      if adapter.failover is not None else (), adapter.states,
+                                                      use_costs)
+        self._install(plan, stages, adapter.on_drained)
+
+    async def replan(self, *, reason: str = "requested", use_costs: bool = True) -> Plan:
+        """Re-place the model now, while serving: sample the board, plan (in a worker thread),
+        compile the new stages in the background, then switch (see ``hetsched/_adapt.py``).
+
+        Requests admitted after the switch use the new plan; those in flight finish on the
+        old one, whose stages close once drained. Fires :attr:`Event.REPLAN` with ``reason``.
+
+        :param use_costs: plan with the costs measured so far (the cost table), not only the
+            analytic model.
+        :raises RuntimeStateError: the session is not open.
+        :raises PlacementError, PartitionError, CompileError: no plan could be made; the plan in
+            place keeps serving.
+        """
+        self._core.require_open("replan()")
+        assert self._adapter is not None
+        plan: Plan = await self._adapter.replan(reason, use_costs=use_costs)
+        return plan
 
     # -- public API -------------------------------------------------------------------
 
@@ -448,7 +560,35 @@ class Session:
             pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
             transfers=self._engine.statistics() if self._engine is not None else None,
             compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
+            **self._energy_fields(),
+            replanning=self._adapter.statistics() if self._adapter is not None else ReplanStatistics(),
+            failover=(self._adapter.failover.statistics()
+                      if self._adapter is not None and self._adapter.failover is not None else None),
+            allocation_failures=sch.allocation_failures if sch is not None else 0,
         )
+
+    def _energy_fields(self) -> dict[str, Any]:
+        """``energy_j``, ``energy_source`` and ``stage_energy_j`` from the stages' own reports
+        (a twin stage's ``statistics().modelled_energy_j``), retired plans' included."""
+        per_stage: dict[str, float] = {}
+        sch = self._scheduler
+        stages = [st for gen in sch.live_generations() for st in gen.stages] if sch is not None else self._stages
+        current = {id(st) for st in self._stages}
+        total = 0.0
+        found = False
+        for st in stages:
+            stats = getattr(st.compiled, "statistics", None)
+            energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
+            if not isinstance(energy, (int, float)):
+                continue
+            found = True
+            total += float(energy)
+            if id(st) in current:
+                per_stage[st.name] = float(energy)
+        retired = self._adapter.retired_energy_j if self._adapter is not None else 0.0
+        found = found or retired > 0
+        return {"energy_j": total + retired if found else None, "energy_source": "modelled" if found else None,
+                "stage_energy_j": MappingProxyType(per_stage)}
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,

@@ -218,8 +218,13 @@ class ResultStream(AsyncIterator[Any]):
         with self._lock:
             self._closing = True
             self._ended = True
-            self._pending.clear()
+            pending, self._pending = self._pending, deque()
             order, self._order = self._order, deque()
+        for item in pending:
+            if type(item) is Request:
+                with item.lock:  # never admitted: it only lets go of its plan
+                    item.closed = True
+                    item.finalize_locked()
         dropped = 0
         for item in order:
             if type(item) is Request:
@@ -315,9 +320,14 @@ class ResultStream(AsyncIterator[Any]):
         out: list[Request] = []
         pending = self._pending
         key = self._core.admission_key
+        gen = self._core.generation
         while (pending and self._in_flight < self._window and len(self._order) < self._cap and not self._closing
                and not self._failed):
             req = pending.popleft()
+            if req.program.generation is not gen and gen is not None:
+                # built before a re-plan: admitted after the switch, it runs on the new plan
+                with req.lock:
+                    req.rebind_locked(gen.program(self._wanted, req.program.fed))
             req.key = key(self._priority)  # admitted now: FIFO and aging count from here
             self._order.append(req)
             self._in_flight += 1

@@ -54,14 +54,17 @@ class StageRuntime:
         "compiled",
         "device",
         "domain",
+        "energy_fn",
         "fallback_reason",
         "input_names",
         "key",
         "labels",
+        "learned",
         "name",
         "output_names",
         "sid",
         "samples",
+        "seconds_fn",
         "spec",
         "specs",
         "stateful",
@@ -86,7 +89,18 @@ class StageRuntime:
         )
         self.bound = self.specs is not None
         self.samples: list[float] = []  # run times not yet folded into the cost table
+        self.learned = 0
+        """Run times folded into the cost table so far."""
+        seconds = getattr(compiled, "last_run_seconds", None)
+        self.seconds_fn: Any = seconds if callable(seconds) else None
+        """The backend's own seconds of the run that just ended in this thread
+        (``last_run_seconds()``: a twin stage's modelled board time), learned instead of the
+        host's wall time; None: the host's time is the stage's cost."""
         self.stateful = callable(getattr(compiled, "worker_state", None))
+        energy = getattr(compiled, "last_run_energy_j", None)
+        self.energy_fn: Any = energy if callable(energy) else None
+        """The backend's modelled or measured joules of the run that just ended in this thread
+        (``last_run_energy_j()``), or None for a backend that reports no energy."""
         """The stage keeps per-worker state (``worker_state``): its runs get ``state=``."""
         self.fallback_reason: str | None = (
             None if self.bound else
@@ -106,11 +120,16 @@ class Program:
     of a transferred copy.
     """
 
-    __slots__ = ("direct", "feed_xfers", "has_transfers", "initial", "inputs", "missing0", "n_tasks", "outs",
-                 "stages", "wanted", "xfers")
+    __slots__ = ("by_sid", "direct", "feed_xfers", "fed", "generation", "has_transfers", "initial", "inputs",
+                 "missing0", "n_tasks", "outs", "stages", "wanted", "xfers")
 
     def __init__(self) -> None:
         self.stages: tuple[StageRuntime, ...] = ()
+        self.by_sid: tuple[StageRuntime, ...] = ()
+        """Every stage of the plan the program was built from, by stage id."""
+        self.generation: Any = None
+        """The plan generation the program belongs to (``_generation.Generation``), or None."""
+        self.fed: tuple[str, ...] = ()
         self.initial: tuple[StageRuntime, ...] = ()
         self.missing0: list[int] = []
         self.inputs: dict[int, tuple[tuple[str, Any], ...]] = {}
@@ -144,6 +163,8 @@ def build_program(
         stack.extend(stages[sid].spec.deps)
     prog = Program()
     prog.stages = tuple(s for s in stages if s.sid in needed)
+    prog.by_sid = tuple(stages)
+    prog.fed = tuple(fed)
     fed_set = set(fed)
     shares = topology.shares_memory
     missing = [0] * len(stages)

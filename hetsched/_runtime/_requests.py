@@ -74,8 +74,9 @@ class Admission:
 class Request:
     """One request in flight: its values, readiness counters and the references it owes."""
 
-    __slots__ = ("closed", "copy_out", "done", "error", "event", "key", "lock", "missing", "owed", "priority",
-                 "program", "remaining", "result", "rid", "running", "sink", "vals", "work")
+    __slots__ = ("closed", "copy_out", "done", "energy_j", "error", "event", "feeds", "gen", "key", "lock",
+                 "missing", "owed", "parked", "priority", "program", "remaining", "result", "retries", "rid",
+                 "running", "sink", "vals", "work")
 
     def __init__(self, rid: int, priority: int, key: float, program: Program, feeds: Mapping[str, Any], waiter: Any,
                  copy_out: bool = True):
@@ -83,6 +84,18 @@ class Request:
         self.priority = priority
         self.key = key
         self.program = program
+        self.feeds = feeds
+        """The request's own inputs, kept for a re-submission after a device failure."""
+        gen = program.generation
+        if gen is not None:
+            gen.hold()
+        self.gen: Any = gen
+        """The plan generation this request holds until it is finalized (``_generation``)."""
+        self.parked = False
+        """Closed for a re-submission (a device failed one of its stages): not finished yet."""
+        self.retries = 0
+        self.energy_j = 0.0
+        """Joules its stage runs spent, where their backends report energy."""
         self.vals: dict[Any, Any] = dict(feeds)
         self.missing = list(program.missing0)
         self.owed: dict[TensorBuffer, int] = {}
@@ -113,9 +126,34 @@ class Request:
             buf.release()
 
     def finalize_locked(self) -> None:
-        """Release every reference still owed (the request is closed and nothing of it runs)."""
+        """Release every reference still owed (the request is closed and nothing of it runs);
+        unless it waits for a re-submission, it lets go of its plan generation."""
         owed, self.owed = self.owed, {}
         for buf, n in owed.items():
             for _ in range(n):
                 buf.release()
+        gen = self.gen
+        if gen is not None and not self.parked:
+            self.gen = None
+            gen.leave()
+
+    def rebind_locked(self, program: Program) -> None:
+        """Start over on ``program`` (a newer plan's) from the original feeds; the request must be
+        closed with nothing of it running and nothing owed (see :meth:`finalize_locked`)."""
+        old, new = self.gen, program.generation
+        if new is not None and new is not old:
+            new.hold()
+        self.gen = new
+        if old is not None and old is not new:
+            old.leave()
+        self.program = program
+        self.vals = dict(self.feeds)
+        self.missing = list(program.missing0)
+        self.remaining = program.n_tasks
+        self.done = program.n_tasks == 0
+        self.error = None
+        self.work = []
+        self.result = None
+        self.parked = False
+        self.closed = False
 

@@ -45,6 +45,8 @@ from .._events import HookDispatcher, Priority
 from ._buffers import BufferPool, TensorBuffer
 from ._clock import Clock, SystemClock
 from ._domains import Topology
+from ._failover import Failover
+from ._generation import Generation
 from ._loops import current_loop_adapter
 from ._program import Program, StageIO, StageRuntime, build_program
 from ._requests import MISSING, Admission, CompletionSink, Request
@@ -104,8 +106,14 @@ class Scheduler(StageRunner):
         self._seq = itertools.count()
         self.workers: dict[str, DeviceWorkers] = {}
         self.stages: list[StageRuntime] = []
-        self._programs: dict[tuple[tuple[str, ...], tuple[str, ...]], Program] = {}
-        self._output_source: Mapping[str, int | None] = {}
+        self.generation: Generation | None = None
+        """The plan new requests use (see ``_generation``)."""
+        self._generations = itertools.count()
+        self._live: dict[int, Generation] = {}
+        """Every generation not closed yet (the current one and retired ones still draining)."""
+        self.failover: Failover | None = None
+        """Device failure handling (set by the session; None: a failing stage fails its request)."""
+        self.allocation_failures = 0
         self._loop_thread = threading.get_ident()
         self.clock: Clock = clock if clock is not None else SystemClock()
         # bound once: with the SystemClock these are time.monotonic / time.perf_counter themselves
@@ -180,10 +188,75 @@ class Scheduler(StageRunner):
     def unique_workers(self) -> list[DeviceWorkers]:
         return list({id(w): w for w in self.workers.values()}.values())
 
-    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None]) -> None:
+    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None],
+                   on_drained: Callable[[Generation], None] | None = None) -> Generation:
+        """Install a plan's stages: requests made from now on use them (any admitted before
+        finish on theirs). The previous plan retires: ``on_drained(old)`` runs once its last
+        request is gone (in that request's thread; default: nothing, the owner closes it).
+        Requests parked for a plan without a quarantined device start over on this one."""
+        gen = Generation(next(self._generations), stages, output_source, self.topology, self.host)
+        old, self.generation = self.generation, gen
         self.stages = stages
-        self._output_source = output_source
-        self._programs.clear()
+        self._live[gen.number] = gen
+        if old is not None:
+            self.flush_costs(old.stages)
+
+            def drained(g: Generation) -> None:
+                self._live.pop(g.number, None)
+                if on_drained is not None:
+                    on_drained(g)
+
+            old.retire(drained)
+        if self.failover is not None:
+            for req in self.failover.installed():
+                self.restart(req, counted=True)
+        return gen
+
+    def live_generations(self) -> list[Generation]:
+        """The current plan's generation and the retired ones still draining."""
+        return list(self._live.values())
+
+    def restart(self, req: Request, counted: bool = False) -> None:
+        """Start ``req`` over on the current plan (any thread): it was parked after a device
+        failure and nothing of it runs any more. Waits instead while a plan without a
+        quarantined device is coming; a request closed meanwhile (cancelled) is let go."""
+        failover = self.failover
+        with req.lock:
+            if req.closed:
+                req.parked = False
+                req.finalize_locked()
+                return
+        if failover is not None and not counted and not failover.take(req):
+            return  # parked until the new plan is installed (set_stages) or found impossible
+        gen = self.generation
+        assert gen is not None
+        wanted = tuple(name for name, _ in req.program.wanted)
+        program = gen.program(wanted, req.program.fed)
+        with req.lock:
+            if req.closed:
+                req.parked = False
+                req.finalize_locked()
+                return
+            req.rebind_locked(program)
+            req.retries += 1
+        if req.done:
+            self._wake(req)
+            return
+        self.push_initial(req)
+
+    def fail_parked(self, parked: Sequence[tuple[Request, BaseException | None]]) -> None:
+        """Fail requests that were waiting to start over (no plan could replace their device,
+        or the session is closing); any thread."""
+        for req, error in parked:
+            with req.lock:
+                req.parked = False
+                if req.closed:
+                    req.finalize_locked()
+                    continue
+                req.error = error or RuntimeStateError("the session stopped before the request could start over")
+                req.closed = True
+                req.finalize_locked()
+            self._wake(req)
 
     def stop(self) -> list[DeviceWorkers]:
         workers = self.unique_workers()
@@ -201,14 +274,11 @@ class Scheduler(StageRunner):
             self._fire(req)
 
     def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
-        key = (tuple(wanted), tuple(fed))
-        prog = self._programs.get(key)
-        if prog is None:
-            if len(self._programs) > 256:  # bounded: a model has few (outputs, inputs) combinations
-                self._programs.clear()
-            prog = self._programs[key] = build_program(self.stages, self._output_source, wanted, fed,
-                                                       self.topology, self.host)
-        return prog
+        """The current plan's program for requests asking ``wanted`` with inputs ``fed``."""
+        gen = self.generation
+        if gen is None:
+            raise RuntimeStateError("the scheduler has no stages (no plan installed)")
+        return gen.program(wanted, fed)
 
     # -- the event-loop side -----------------------------------------------------------
 
@@ -503,7 +573,7 @@ class Scheduler(StageRunner):
             for sid in sids:
                 missing[sid] -= 1
                 if not missing[sid]:
-                    ready.append(self.stages[sid])
+                    ready.append(req.program.by_sid[sid])
             req.remaining -= 1
             if not req.remaining:
                 self._finish_locked(req)

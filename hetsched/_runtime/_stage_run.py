@@ -13,9 +13,10 @@ from typing import Any
 
 import anyio
 
-from .._errors import StageExecutionError
+from .._errors import DeviceFailedError, StageExecutionError
 from .._events import Event, EventInfo, HookDispatcher, Priority
 from ._buffers import BufferPool, TensorBuffer
+from ._failover import Failover
 from ._program import StageIO, StageRuntime, address
 from ._requests import Request
 from ._workers import DeviceWorkers
@@ -25,6 +26,32 @@ __all__ = ["StageRunner"]
 _LEARN_BATCH = 16
 """Stage times are folded into the cost table 16 at a time: updating a shared table after
 every run touches cold memory for tens of microseconds; the moving average is the same."""
+
+
+def _translate(exc: BaseException, st: StageRuntime, dev: str) -> StageExecutionError:
+    """What a backend raised, as the request's error (its own StageExecutionError as it is)."""
+    if isinstance(exc, StageExecutionError):
+        return exc
+    err = StageExecutionError(f"stage {st.name!r} failed on device {dev!r}: {type(exc).__name__}: {exc}",
+                              stage=st.name, device=dev)
+    err.__cause__ = exc
+    return err
+
+
+def _check_results(results: Any, st: StageRuntime, dev: str) -> StageExecutionError | None:
+    """The backend's contract: one value per output name, in order (None or a short list is a bug
+    of the backend; it fails this request, not the worker)."""
+    n = len(st.output_names)
+    try:
+        got = len(results)
+    except TypeError:
+        got = -1
+    if got == n and results is not None:
+        return None
+    what = "None" if results is None else (f"{type(results).__name__}" if got < 0 else f"{got} values")
+    return StageExecutionError(
+        f"stage {st.name!r} on device {dev!r}: the backend broke its contract: run() returned {what}, "
+        f"expected a sequence of {n} value(s) for outputs {list(st.output_names)}", stage=st.name, device=dev)
 
 
 class StageRunner:
@@ -41,8 +68,14 @@ class StageRunner:
     stage_runs_bound: int
     stage_runs_unbound: int
     stage_runs_to_caller: int
+    allocation_failures: int
+
+    failover: Failover | None
 
     # implemented by the Scheduler
+    def restart(self, req: Request) -> None:
+        raise NotImplementedError
+
     def _finish_locked(self, req: Request) -> None:
         raise NotImplementedError
 
@@ -61,9 +94,10 @@ class StageRunner:
         inputs = req.program.inputs[st.sid]
         feeds: dict[str, Any] = {}
         err: BaseException | None = None
+        device_error = False
         with req.lock:
-            if req.closed:
-                return  # cancelled or failed meanwhile: the stage is dropped, never run
+            if req.closed or req.parked:
+                return  # cancelled, failed or starting over meanwhile: the stage is dropped, never run
             req.running += 1
             vals = req.vals
             try:
@@ -89,6 +123,7 @@ class StageRunner:
         direct = req.copy_out and st.sid in req.program.direct
         bound = st.bound and not direct
         elapsed = 0.0
+        energy: float | None = None
         if err is None:
             t0 = self._perf()
             try:
@@ -98,25 +133,35 @@ class StageRunner:
                     # only stages declaring worker_state get a state (the others cost one flag)
                     results = (st.compiled.run(feeds, state=worker.state_for(st)) if st.stateful
                                else st.compiled.run(feeds))
-            except StageExecutionError as exc:
-                err = exc
-            except Exception as exc:  # a backend that did not translate its error
-                err = StageExecutionError(f"stage {st.name!r} failed on device {dev!r}: {exc}", stage=st.name,
-                                          device=dev)
-                err.__cause__ = exc
+            except BaseException as exc:  # KeyboardInterrupt/SystemExit from a backend too: never the worker's
+                err = _translate(exc, st, dev)
+                device_error = isinstance(err, DeviceFailedError)
             if err is not None and bound:
                 # The in-place run failed: when the backend's own allocation works, its static
                 # output specs were wrong for this data; stop binding the stage.
                 try:
                     results = (st.compiled.run(feeds, state=worker.state_for(st)) if st.stateful
                                else st.compiled.run(feeds))
-                except Exception:
+                except BaseException:
                     pass  # a real failure: report the first error
                 else:
                     err = None
+                    device_error = False
                     bound = st.bound = False
                     st.fallback_reason = "actual output shapes differed from the inferred ones"
+            if err is None and not bound:
+                err = _check_results(results, st, dev)
+                if err is not None:
+                    results = None
             elapsed = self._perf() - t0
+            if err is None and st.energy_fn is not None:
+                try:
+                    energy = float(st.energy_fn())
+                except Exception:
+                    energy = None  # energy is a report: a backend failing to give it fails no request
+            failover = self.failover
+            if failover is not None and err is None and failover.streak:
+                failover.on_success(dev)
             learned: list[float] | None = None
             with self._lock:
                 worker.runs += 1
@@ -128,7 +173,7 @@ class StageRunner:
                     else:
                         self.stage_runs_unbound += 1
                     if self._learn:
-                        st.samples.append(elapsed)
+                        st.samples.append(elapsed if st.seconds_fn is None else st.seconds_fn())
                         if len(st.samples) >= _LEARN_BATCH:
                             learned, st.samples = st.samples, []
             if learned:
@@ -139,20 +184,22 @@ class StageRunner:
                 io = StageIO({k: address(v) for k, v in feeds.items()},
                              {k: address(v) for k, v in zip(st.output_names, results or (), strict=False)}, bound)
                 info = EventInfo(Event.AFTER_STAGE, self._perf(), req.rid, Priority(req.priority), st.name,
-                                 dev, elapsed_s=elapsed, error=err, extra=io)
+                                 dev, elapsed_s=elapsed, error=err, extra=io, energy_j=energy)
                 for fn in after:
                     fn(info)
             except BaseException as exc:
                 err = err or exc
-        self._complete(req, st, results, err, inputs)
+        self._complete(req, st, results, err, inputs, energy, device_error)
 
     def _learn_from(self, st: StageRuntime, samples: list[float]) -> None:
+        st.learned += len(samples)
         for elapsed in samples:  # the same moving average as one update per run, just later
             self._costs.update(st.key, st.device, elapsed, analytic_s=st.analytic_s)
 
-    def flush_costs(self) -> None:
-        """Fold the stage times not yet learned into the cost table (see ``_LEARN_BATCH``)."""
-        for st in self.stages:
+    def flush_costs(self, stages: list[StageRuntime] | None = None) -> None:
+        """Fold the stage times not yet learned into the cost table (see ``_LEARN_BATCH``);
+        ``stages`` default to the current plan's."""
+        for st in self.stages if stages is None else stages:
             with self._lock:
                 samples, st.samples = st.samples, []
             if samples:
@@ -169,9 +216,15 @@ class StageRunner:
         try:
             for spec, label in zip(specs, st.labels, strict=True):
                 outs.append(pool.acquire_nowait(spec, owner=dev, label=label))
-        except anyio.WouldBlock:
+        except Exception as exc:
+            # the pool is full (WouldBlock) or could not allocate (an mmap failing, memory
+            # running out): this run writes into backend-allocated outputs; the stage stays
+            # bound, as the failure says nothing about its shapes
             for b in outs:
                 b.release()
+            if not isinstance(exc, anyio.WouldBlock):
+                with self._lock:
+                    self.allocation_failures += 1
             return None
         try:
             arrays = [b.array() for b in outs]
@@ -192,31 +245,40 @@ class StageRunner:
         return outs
 
     def _complete(self, req: Request, st: StageRuntime, results: list[Any] | None, err: BaseException | None,
-                  inputs: tuple[tuple[str, Any], ...]) -> None:
+                  inputs: tuple[tuple[str, Any], ...], energy: float | None = None,
+                  device_error: bool = False) -> None:
         ready: list[StageRuntime] = []
-        notify = finished = False
+        notify = finished = restart = False
         with req.lock:
             req.running -= 1
             vals = req.vals
             for _, key in inputs:
-                obj = vals[key]
+                obj = vals.get(key)
                 if type(obj) is TensorBuffer:
                     req.drop_locked(obj)
-            if err is not None and not req.closed:
-                req.error = err
-                req.closed = True
-                notify = True
-            if req.closed:
+            if energy is not None:
+                req.energy_j += energy
+            if err is not None and not req.closed and not req.parked:
+                failover = self.failover
+                if (device_error and failover is not None and not req.program.has_transfers
+                        and failover.on_failure(req, st.device, err)):
+                    req.parked = True  # starts over once nothing of it runs (see _failover)
+                else:
+                    req.error = err
+                    req.closed = True
+                    notify = True
+            if req.closed or req.parked:
                 if results is not None:
                     for obj in results:
                         if type(obj) is TensorBuffer:
                             obj.release()
                 if not req.running:
                     req.finalize_locked()
+                    restart = req.parked
             else:
                 assert results is not None
                 missing = req.missing
-                stages = self.stages
+                stages = req.program.by_sid
                 for i, name, refs, same, remote in req.program.outs[st.sid]:
                     obj = results[i]
                     if type(obj) is TensorBuffer:
@@ -241,7 +303,9 @@ class StageRunner:
                     notify = True
         for nxt in ready:
             self.workers[nxt.device].push(req, nxt)
-        if finished:
+        if restart:
+            self.restart(req)
+        elif finished:
             self._wake_finished(req)
         elif notify:
             self._wake(req)

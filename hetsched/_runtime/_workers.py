@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ._program import StageRuntime
     from ._requests import Request
 
-__all__ = ["DeviceWorkers", "WorkerHost", "WorkerInfo"]
+__all__ = ["DeviceWorkers", "WorkerHost", "WorkerInfo", "close_states"]
 
 _NO_STATE: Any = object()
 
@@ -43,6 +43,20 @@ class WorkerHost(Protocol):
     def flush_deferred(self) -> None: ...
 
 
+
+
+def close_states(states: Sequence[tuple[StageRuntime, object]]) -> BaseException | None:
+    """Close per-worker states with their stages' ``close_worker_state``; the first error."""
+    first: BaseException | None = None
+    for st, state in states:
+        close = getattr(st.compiled, "close_worker_state", None)
+        if close is None:
+            continue
+        try:
+            close(state)
+        except Exception as exc:
+            first = first or exc
+    return first
 
 
 class DeviceWorkers:
@@ -65,6 +79,10 @@ class DeviceWorkers:
         self._stopping = False
         self._local = threading.local()
         self.infos = tuple(WorkerInfo(self.name, i, tuple(cpus), self.devices) for i, cpus in enumerate(cpu_sets))
+        self._all_states: list[dict[StageRuntime, object]] = [{} for _ in self.infos]
+        """Per thread, its per-worker stage states (each thread uses its own; the lock guards
+        taking a drained plan's states from another thread)."""
+        self._states_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._main, args=(info,), name=f"hetsched-{self.name}"
                              + (f"-{info.index}" if len(cpu_sets) > 1 else ""), daemon=True)
@@ -114,8 +132,21 @@ class DeviceWorkers:
         states: dict[StageRuntime, object] = self._local.states
         state = states.get(st, _NO_STATE)
         if state is _NO_STATE:
-            state = states[st] = st.compiled.worker_state(self._local.info)
+            state = st.compiled.worker_state(self._local.info)
+            with self._states_lock:
+                states[st] = state
         return state
+
+    def take_states(self, stages: Sequence[StageRuntime]) -> list[tuple[StageRuntime, object]]:
+        """Remove and return every thread's states of ``stages`` (any thread), for the owner to
+        close: the stages of a drained plan, which no thread runs any more."""
+        wanted = set(stages)
+        out: list[tuple[StageRuntime, object]] = []
+        with self._states_lock:
+            for states in self._all_states:
+                for st in [s for s in states if s in wanted]:
+                    out.append((st, states.pop(st)))
+        return out
 
     def _close_states(self) -> None:
         """Close this thread's per-worker states (worker thread, as it stops).
@@ -124,23 +155,17 @@ class DeviceWorkers:
             was closed (reported by ``threading.excepthook``; the other workers stop normally).
         """
         states: dict[StageRuntime, object] = self._local.states
-        first: BaseException | None = None
-        while states:
-            st, state = states.popitem()
-            close = getattr(st.compiled, "close_worker_state", None)
-            if close is None:
-                continue
-            try:
-                close(state)
-            except Exception as exc:
-                first = first or exc
+        with self._states_lock:
+            left = list(states.items())
+            states.clear()
+        first = close_states(left)
         if first is not None:
             raise first
 
     def _main(self, info: WorkerInfo) -> None:
         pin_current_thread(info.cpus)
         self._local.info = info
-        self._local.states = {}
+        self._local.states = self._all_states[info.index]
         try:
             self._serve()
         finally:

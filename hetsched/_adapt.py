@@ -1,0 +1,285 @@
+"""A serving session's adaptation: re-plans while requests run, failover, closing drained plans.
+
+:class:`Adapter` is owned by a :class:`~hetsched.Session` and lives in its task group
+(started in ``__aenter__``, cancelled and joined in ``__aexit__``). It owns:
+
+* ``replan(reason)``: the board is sampled, a plan is built and its stages compiled in a worker
+  thread (the event loop never blocks on a policy or a compile), then installed: requests
+  admitted from then on use it, requests in flight finish on the old plan (see
+  ``hetsched/_runtime/_generation.py``), whose stages close once drained. Re-plans are serialized.
+* the monitor task: every ``Replanning.period_s`` it samples device states and measured stage
+  costs and re-plans when :func:`hetsched._replan.decide_replan` or ``drift_reason`` says so;
+* failover: a device the scheduler quarantined (``hetsched/_runtime/_failover.py``) is left out
+  of the next plan; when no plan can do without it, its parked requests fail.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from hetsched.policies import DeviceState
+
+from ._errors import HetschedError
+from ._events import Event, EventInfo, HookDispatcher, ReplanInfo
+from ._replan import ReplanFlags, Replanning, ReplanStatistics, decide_replan, drift_reason
+from ._runtime._failover import Failover
+from ._runtime._generation import Generation
+from ._runtime._scheduler import Scheduler
+from ._runtime._workers import close_states
+
+__all__ = ["Adapter"]
+
+PlanFn = Callable[[Sequence[str], Mapping[str, DeviceState], bool], Any]
+"""``plan_fn(excluded devices, device states, use measured costs) -> (plan, stages)`` (blocking)."""
+InstallFn = Callable[[Any, Any, Callable[[Generation], None]], None]
+"""``install(plan, stages, on_drained)`` on the event loop."""
+SampleFn = Callable[[], Mapping[str, DeviceState] | None]
+"""One sample of the board's device states (blocking); None: the root has no telemetry."""
+
+
+def _kind(reason: str) -> str:
+    head = reason.split(":", 1)[0].strip()
+    return head if head in ("thermal", "power", "drift", "failure", "profile") else "requested"
+
+
+class Adapter:
+    """See the module docstring. Event-loop only, except :meth:`on_device_failed` and
+    :meth:`on_drained` (any thread)."""
+
+    def __init__(self, *, config: Replanning | None, scheduler: Scheduler, dispatch: HookDispatcher,
+                 plan_fn: PlanFn, install: InstallFn, sample: SampleFn, perf: Callable[[], float]):
+        self.config = config
+        self._scheduler = scheduler
+        self._dispatch = dispatch
+        self._plan_fn = plan_fn
+        self._install = install
+        self._sample = sample
+        self._perf = perf
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._send: MemoryObjectSendStream[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+        self._lock = anyio.Lock()
+        self._flags = ReplanFlags()
+        self._states: Mapping[str, DeviceState] = {}
+        self._last_replan = -float("inf")
+        self._replans = 0
+        self._number = 0
+        self._reasons: dict[str, int] = {}
+        self._last_reason: str | None = None
+        self._failed = 0
+        self._last_error: str | None = None
+        self._closed_gens: set[int] = set()
+        self._close_lock = threading.Lock()
+        self._retired_energy = 0.0
+        self.failover: Failover | None = None
+        if config is not None:
+            self.failover = Failover(config.quarantine_after, self.on_device_failed)
+        scheduler.failover = self.failover
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, *, monitor: bool) -> None:
+        """Enter the task group (in the session's ``__aenter__``, after the first plan)."""
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        send, recv = anyio.create_memory_object_stream[tuple[Callable[..., Any], tuple[Any, ...]]](math.inf)
+        self._send = send
+        tg.start_soon(self._spawner, recv, tg)
+        if monitor and self.config is not None:
+            tg.start_soon(self._monitor)
+
+    async def stop(self) -> None:
+        """Cancel the monitor and any re-plan in progress, and join them (shielded by the caller)."""
+        tg, self._tg = self._tg, None
+        send, self._send = self._send, None
+        if send is not None:
+            send.close()
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        if self.failover is not None:
+            self._scheduler.fail_parked(self.failover.drain())
+
+    def initial_states(self) -> Mapping[str, DeviceState]:
+        """Sample the board for the opening plan (blocking; run in a thread)."""
+        states = self._sample() if self.config is not None else None
+        self._states = dict(states or {})
+        if states and self.config is not None:
+            self._flags, _ = decide_replan(self.config, ReplanFlags(), states)
+        return self._states
+
+    # -- re-planning --------------------------------------------------------------------------
+
+    async def replan(self, reason: str, *, use_costs: bool = False, sample: bool = True) -> Any:
+        """Build, compile and install a new plan (see the module docstring); returns it.
+
+        :raises PlacementError, PartitionError, CompileError: no plan could be made (the
+            previous one stays in place).
+        """
+        async with self._lock:
+            t0 = self._perf()
+            excluded = self.failover.quarantined if self.failover is not None else ()
+            if sample and self.config is not None:
+                states = await anyio.to_thread.run_sync(self._sample)
+                if states:
+                    self._states = dict(states)
+                    self._flags, _ = decide_replan(self.config, self._flags, states)
+            try:
+                plan, stages = await anyio.to_thread.run_sync(self._plan_fn, excluded, self._states, use_costs)
+            except HetschedError as exc:
+                self._failed += 1
+                self._last_error = f"{reason}: {exc}"
+                raise
+            old = self._scheduler.generation
+            old_assignment = dict(getattr(getattr(old, "plan", None), "assignment", {}) or {})
+            self._install(plan, stages, self.on_drained)
+            new_gen = self._scheduler.generation
+            if new_gen is not None:
+                new_gen.plan = plan
+            moved = sum(1 for u, d in getattr(plan, "assignment", {}).items() if old_assignment.get(u) not in (None, d))
+            self._number += 1
+            self._replans += 1
+            kind = _kind(reason)
+            self._reasons[kind] = self._reasons.get(kind, 0) + 1
+            self._last_reason = reason
+            self._last_replan = time.monotonic()
+            listeners = self._dispatch.listeners[Event.REPLAN]
+            if listeners:
+                info = EventInfo(Event.REPLAN, self._perf(), extra=ReplanInfo(
+                    reason, self._number, moved, tuple(excluded), self._perf() - t0))
+                for fn in listeners:
+                    fn(info)
+            return plan
+
+    def statistics(self) -> ReplanStatistics:
+        return ReplanStatistics(self._replans, self._last_reason, dict(self._reasons), self._failed,
+                                self._last_error)
+
+    @property
+    def states(self) -> Mapping[str, DeviceState]:
+        """The device states the current plan was made with."""
+        return self._states
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` as a task of the adapter's group (any thread; dropped once stopped).
+
+        Through a stream read by a task of the group: a task can be started only from inside
+        the event loop's tasks, and a callback posted from a thread runs outside any task."""
+        send = self._send
+        if send is None:
+            return
+        item = (fn, args)
+        sch = self._scheduler
+        try:
+            if threading.get_ident() == sch._loop_thread:
+                send.send_nowait(item)
+            else:
+                sch.call_soon_threadsafe(self._send_soon, item)
+        except (RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # stopped, or the event loop is gone (interpreter shutdown)
+
+    def _send_soon(self, item: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
+        send = self._send
+        if send is not None:
+            try:
+                send.send_nowait(item)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+
+    async def _spawner(self, recv: MemoryObjectReceiveStream[tuple[Callable[..., Any], tuple[Any, ...]]],
+                       tg: anyio.abc.TaskGroup) -> None:
+        async with recv:
+            async for fn, args in recv:
+                tg.start_soon(fn, *args)
+
+    # -- failover -------------------------------------------------------------------------
+
+    def on_device_failed(self, device: str, reason: str) -> None:
+        """The scheduler quarantined ``device`` (any thread): re-plan without it."""
+        self._post(self._replan_without, device, reason)
+
+    async def _replan_without(self, device: str, reason: str) -> None:
+        try:
+            await self.replan(f"failure: {reason}", sample=False)
+        except HetschedError:
+            assert self.failover is not None
+            self._scheduler.fail_parked(self.failover.failed(device))
+
+    # -- closing drained plans ----------------------------------------------------------------
+
+    def on_drained(self, gen: Generation) -> None:
+        """A retired plan has no request left (any thread): close its stages in a thread."""
+        self._post(self._close_generation_task, gen)
+
+    async def _close_generation_task(self, gen: Generation) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.close_generation, gen)
+
+    def close_generation(self, gen: Generation) -> None:
+        """Close a plan's per-worker states and stages, once (blocking; any thread)."""
+        with self._close_lock:
+            if gen.number in self._closed_gens:
+                return
+            self._closed_gens.add(gen.number)
+        for w in self._scheduler.unique_workers():
+            close_states(w.take_states(gen.stages))
+        for st in gen.stages:
+            stats = getattr(st.compiled, "statistics", None)
+            energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
+            if isinstance(energy, (int, float)):
+                self._retired_energy += float(energy)
+            st.compiled.close()
+
+    @property
+    def retired_energy_j(self) -> float:
+        """Modelled joules of the stages of plans already closed."""
+        return self._retired_energy
+
+    # -- the monitor ------------------------------------------------------------------------
+
+    async def _monitor(self) -> None:
+        config = self.config
+        assert config is not None
+        while True:
+            await anyio.sleep(config.period_s)
+            if self._lock.locked() or time.monotonic() - self._last_replan < config.min_interval_s:
+                continue
+            states = await anyio.to_thread.run_sync(self._sample)
+            reason = None
+            if states:
+                used = frozenset(st.device for st in self._scheduler.stages)
+                self._flags, reason = decide_replan(config, self._flags, states, used)
+            use_costs = False
+            if reason is None:
+                reason = drift_reason(config, *self._drift_inputs())
+                use_costs = reason is not None
+            if reason is None:
+                continue
+            try:
+                await self.replan(reason, use_costs=use_costs)
+            except HetschedError:
+                pass  # counted in statistics(); the plan in place keeps serving
+
+    def _drift_inputs(self) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+        """Per stage of the current plan: the plan's estimate, and (measured seconds, runs)."""
+        gen = self._scheduler.generation
+        plan = getattr(gen, "plan", None)
+        planned = plan.stage_costs() if plan is not None else {}
+        est: dict[str, float] = {}
+        got: dict[str, tuple[float, int]] = {}
+        costs = self._scheduler._costs
+        for st in self._scheduler.stages:
+            if st.sid in planned:
+                est[st.name] = float(planned[st.sid])
+            seconds = costs.get(st.key, st.device)
+            if seconds is not None:
+                got[st.name] = (float(seconds), st.learned)
+        return est, got

@@ -1,0 +1,155 @@
+"""Failover: counting device failures, quarantining a failing device, re-submitting its requests.
+
+A stage whose backend raises fails on a *device*. What happens to its request::
+
+    backend raises in run()           (not a broken contract, not a hook, not cancellation)
+      streak[device] += 1             (any successful run on the device resets it)
+      device quarantined already, or streak reaches ``after``:
+          quarantine it (once): ask the session for a plan without it (``request_replan``)
+          the request waits, parked, for that plan and starts over on it
+      else, if the request was re-submitted fewer than ``after`` times: it starts over now,
+          on the current plan (a transient failure costs one more run, not the request)
+      else (or the device cannot be replaced: a plan without it was impossible): it fails
+          with the backend's StageExecutionError
+
+A request starts over from its original feeds once nothing of it runs any more (its other
+stages finish and are dropped); buffers it held go back to the pools first. Requests whose
+values cross memory domains (transfers driven by the event loop) are not re-submitted: they
+fail as before. Everything here is thread-safe: worker threads report, the session installs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["Failover", "FailoverStatistics"]
+
+
+@dataclass(frozen=True)
+class FailoverStatistics:
+    """A snapshot of a session's failover."""
+
+    failures: Mapping[str, int]
+    """Stage runs that failed in the backend, per device."""
+    resubmitted: int
+    """Requests started over after a device failure (each start counted)."""
+    quarantined: tuple[str, ...]
+    """Devices taken out of the plan after repeated failures."""
+    unreplaceable: tuple[str, ...]
+    """Devices that failed repeatedly but that no plan could do without."""
+    parked: int
+    """Requests waiting now for the plan without a quarantined device."""
+
+
+class Failover:
+    """Device failure bookkeeping of one scheduler (see the module docstring).
+
+    :param after: consecutive failures on one device that quarantine it (>= 1).
+    :param request_replan: ``request_replan(device, reason)``, called once per quarantine from
+        the thread that saw the failure; must not block (the session posts it to its loop).
+    """
+
+    def __init__(self, after: int, request_replan: Callable[[str, str], None]):
+        if after < 1:
+            raise ValueError(f"failover after must be >= 1, got {after}")
+        self.after = after
+        self._request_replan = request_replan
+        self._lock = threading.Lock()
+        self.streak: dict[str, int] = {}
+        """Consecutive failures per device (read unlocked on the hot path: a hint)."""
+        self._failures: dict[str, int] = {}
+        self._pending: set[str] = set()
+        """Quarantined devices whose plan is not installed yet."""
+        self._quarantined: list[str] = []
+        self._unreplaceable: set[str] = set()
+        self._parked: list[Any] = []
+        self._errors: dict[int, BaseException] = {}
+        self.resubmitted = 0
+
+    # -- worker threads ---------------------------------------------------------------------
+
+    def on_success(self, device: str) -> None:
+        with self._lock:
+            self.streak.pop(device, None)
+
+    def on_failure(self, req: Any, device: str, error: BaseException) -> bool:
+        """A backend failed a stage of ``req`` on ``device``: True if ``req`` is to start over
+        (the caller parks it), False if it fails with ``error``."""
+        reason = None
+        with self._lock:
+            self._failures[device] = self._failures.get(device, 0) + 1
+            streak = self.streak[device] = self.streak.get(device, 0) + 1
+            if device in self._unreplaceable or req.retries >= self.after:
+                return False
+            if (streak >= self.after and device not in self._pending and device not in self._quarantined):
+                self._pending.add(device)
+                self._quarantined.append(device)
+                reason = f"device {device!r} failed {streak} stage runs in a row: {error}"
+            self._errors[id(req)] = error
+        if reason is not None:
+            self._request_replan(device, reason)
+        return True
+
+    def take(self, req: Any) -> bool:
+        """``req`` (parked, nothing of it running) may start over now: True; False: it waits for
+        the plan that drops a quarantined device (returned by :meth:`installed` or :meth:`failed`)."""
+        with self._lock:
+            if self._pending:
+                self._parked.append(req)
+                return False
+            self._errors.pop(id(req), None)
+            self.resubmitted += 1
+            return True
+
+    # -- the session ------------------------------------------------------------------------
+
+    def installed(self) -> list[Any]:
+        """A new plan is in place (it leaves out every quarantined device): the parked
+        requests, to start over on it."""
+        with self._lock:
+            self._pending.clear()
+            parked, self._parked = self._parked, []
+            for req in parked:
+                self._errors.pop(id(req), None)
+            self.resubmitted += len(parked)
+        return parked
+
+    def failed(self, device: str) -> list[tuple[Any, BaseException]]:
+        """No plan can do without ``device``: keep it, and fail the parked requests (with the
+        error each saw). Later failures on it fail their requests at once."""
+        with self._lock:
+            self._pending.discard(device)
+            if device in self._quarantined:
+                self._quarantined.remove(device)
+            self._unreplaceable.add(device)
+            if self._pending:
+                return []  # another quarantine's plan is still coming: they wait for that one
+            parked, self._parked = self._parked, []
+            return [(req, self._errors.pop(id(req), None) or RuntimeError("device failed")) for req in parked]
+
+    def error_of(self, req: Any) -> BaseException | None:
+        with self._lock:
+            return self._errors.pop(id(req), None)
+
+    def drain(self) -> list[tuple[Any, BaseException | None]]:
+        """Every parked request (the session is closing)."""
+        with self._lock:
+            parked, self._parked = self._parked, []
+            return [(req, self._errors.pop(id(req), None)) for req in parked]
+
+    @property
+    def quarantined(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._quarantined)
+
+    def statistics(self) -> FailoverStatistics:
+        with self._lock:
+            return FailoverStatistics(
+                failures=MappingProxyType(dict(self._failures)), resubmitted=self.resubmitted,
+                quarantined=tuple(self._quarantined), unreplaceable=tuple(sorted(self._unreplaceable)),
+                parked=len(self._parked),
+            )
