@@ -25,6 +25,7 @@ from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import BufferLeakError as BufferLeakError
 from ._errors import BufferStateError as BufferStateError
 from ._errors import CompileError as CompileError
+from ._errors import DeviceFailedError as DeviceFailedError
 from ._errors import DeviceSpecError as DeviceSpecError
 from ._errors import FrequencyLockError as FrequencyLockError
 from ._errors import GovernorError as GovernorError
@@ -110,8 +111,12 @@ from ._events import Event as Event
 from ._events import EventInfo as EventInfo
 from ._events import Hooks as Hooks
 from ._events import Priority as Priority
+from ._events import ReplanInfo as ReplanInfo
+from ._replan import Replanning as Replanning
+from ._replan import ReplanStatistics as ReplanStatistics
 from ._runtime import StageIO as StageIO
 from ._runtime import TransferInfo as TransferInfo
+from ._runtime._failover import FailoverStatistics as FailoverStatistics
 from ._session import Session as Session
 from ._session import SessionStatistics as SessionStatistics
 from ._stream import ResultStream as ResultStream
@@ -157,6 +162,7 @@ __all__ = (
     "CostTableStatistics",
     "CpuCluster",
     "Device",
+    "DeviceFailedError",
     "DeviceInfo",
     "DeviceSpecError",
     "DeviceState",
@@ -165,6 +171,7 @@ __all__ = (
     "DomainState",
     "Event",
     "EventInfo",
+    "FailoverStatistics",
     "FrequencyLockError",
     "Governor",
     "GovernorConfig",
@@ -203,6 +210,9 @@ __all__ = (
     "ProfileError",
     "RailInfo",
     "RailState",
+    "ReplanInfo",
+    "ReplanStatistics",
+    "Replanning",
     "ResultStream",
     "RuntimeStateError",
     "Session",

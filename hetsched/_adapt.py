@@ -139,12 +139,10 @@ class Adapter:
                 self._last_error = f"{reason}: {exc}"
                 raise
             old = self._scheduler.generation
-            old_assignment = dict(getattr(getattr(old, "plan", None), "assignment", {}) or {})
+            old_plan = old.plan if old is not None else None
+            old_assignment = dict(old_plan.placement.assignment) if old_plan is not None else {}
             self._install(plan, stages, self.on_drained)
-            new_gen = self._scheduler.generation
-            if new_gen is not None:
-                new_gen.plan = plan
-            moved = sum(1 for u, d in getattr(plan, "assignment", {}).items() if old_assignment.get(u) not in (None, d))
+            moved = sum(1 for u, d in plan.placement.assignment.items() if old_assignment.get(u) not in (None, d))
             self._number += 1
             self._replans += 1
             kind = _kind(reason)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, overload
 
@@ -31,7 +30,7 @@ from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 from ._adapt import Adapter
 from ._core import SessionCore, priority_value
 from ._delivery import Outputs
-from ._errors import BufferLeakError, HetschedError, RuntimeStateError
+from ._errors import BufferLeakError, RuntimeStateError
 from ._events import Event, HookDispatcher, Priority
 from ._feeds import FeedChecker, random_feeds
 from ._planning.costs import CostTable
@@ -41,12 +40,12 @@ from ._planning.model import ModelSource
 from ._planning.plan import Plan, build_plan
 from ._profiling import profile_units
 from ._replan import Replanning, ReplanStatistics
-from ._runtime._buffers import BufferPool, PoolStatistics, pools_for
+from ._runtime._buffers import BufferPool, pools_for
 from ._runtime._clock import Clock, SystemClock
 from ._runtime._domains import Topology
-from ._runtime._failover import FailoverStatistics
 from ._runtime._scheduler import Scheduler, StageRuntime
-from ._runtime._transfer import CopyFn, TransferEngine, TransferStatistics
+from ._runtime._transfer import CopyFn, TransferEngine
+from ._session_stats import BoardSampler, SessionStatistics, energy_fields
 from ._setup import (
     CompileEvents,
     CompileStatistics,
@@ -60,68 +59,6 @@ from ._setup import (
 from ._stream import ResultStream
 
 __all__ = ["Session", "SessionStatistics"]
-
-
-@dataclass(frozen=True)
-class SessionStatistics:
-    """A snapshot of a :class:`Session` (pool and transfer snapshots included)."""
-
-    requests_started: int
-    requests_completed: int
-    requests_failed: int
-    requests_cancelled: int
-    in_flight: int
-    stage_runs: int
-    stages: int
-    devices: int
-    max_in_flight: int = 0
-    """The admission bound (backpressure): more requests wait before starting."""
-    peak_in_flight: int = 0
-    """Most requests admitted at once so far (never above ``max_in_flight``)."""
-    queued_stages: int = 0
-    """Ready stages waiting in device queues now."""
-    stage_runs_bound: int = 0
-    """Stage runs whose outputs were written straight into pool buffers (IO binding)."""
-    stage_runs_unbound: int = 0
-    """Stage runs whose outputs the backend allocated (dynamic shapes, unbindable types, a full pool)."""
-    stage_runs_to_caller: int = 0
-    """Runs of stages whose outputs only the caller reads, who wanted arrays to keep: the backend
-    allocated them and they were handed over as they were (no pool buffer, no copy)."""
-    unbound_stages: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    """Stages not run in place, with the reason."""
-    wakeups_coalesced: int = 0
-    """Finished NORMAL/BACKGROUND requests whose caller was woken together with a later one
-    (the workers its next request would start on still had queued work; see README, Runtime)."""
-    bytes_copied_to_caller: int = 0
-    """Bytes of the one documented copy of each output handed to a caller (0 with ``zero_copy``)."""
-    bytes_staged: int = 0
-    """Bytes of fed arrays copied into host buffers to be transferred to a domain the host does not share."""
-    pools: Mapping[str, PoolStatistics] = field(default_factory=lambda: MappingProxyType({}))
-    """One snapshot per memory domain's buffer pool."""
-    transfers: TransferStatistics | None = None
-    """The transfer engine's snapshot (None before the session opened)."""
-    compile: CompileStatistics = field(default_factory=CompileStatistics)
-    """Conversions, cache hits and conversion seconds of the backends since the session opened,
-    and the (unit, device) pairs refused by trying (see ``hetsched/_setup.py``)."""
-    energy_j: float | None = None
-    """Joules of every stage run so far (plans re-placed away included), where the backends
-    report energy; None when none does."""
-    energy_source: str | None = None
-    """Where :attr:`energy_j` comes from: ``"modelled"`` (a twin's devices and the NPU on a
-    twin root: the twin's power model at the clocks of each run), or None."""
-    stage_energy_j: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    """Per stage of the current plan, the joules its runs spent (where reported)."""
-    replanning: ReplanStatistics = field(default_factory=ReplanStatistics)
-    """Re-plans while serving and why the last one happened."""
-    failover: FailoverStatistics | None = None
-    """Device failures, re-submitted requests, quarantined devices (None: failover off)."""
-    allocation_failures: int = 0
-    """Stage runs whose pool buffers could not be allocated (they ran unbound, still bound after)."""
-
-    @property
-    def bytes_copied_same_domain(self) -> int:
-        """Bytes copied from a memory domain to itself, over all pools: 0 when zero-copy holds."""
-        return sum(p.bytes_copied_same_domain for p in self.pools.values())
 
 
 class Session:
@@ -281,7 +218,7 @@ class Session:
         self._replanning = replanning
         self._power_budget = power_budget_w
         self._adapter: Adapter | None = None
-        self._telemetry: Any = None
+        self._sampler: BoardSampler | None = None
         self._opening = False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -405,24 +342,10 @@ class Session:
         self._stages = []
 
     def _sample_states(self) -> Mapping[str, DeviceState] | None:
-        """One sample of the board's device states (blocking), or None where the root has no
-        telemetry (no thermal zone, no clock domain: a host like a CI machine)."""
-        from ._planning.states import device_states
-
-        try:
-            if self._telemetry is None:
-                from ._estimators import power_estimator_for
-                from ._platform.discovery import discover
-                from ._platform.telemetry import Telemetry
-
-                platform = discover(self._root)
-                self._telemetry = Telemetry(self._root, estimator=power_estimator_for(platform), platform=platform)
-            snap = self._telemetry.sample_once()
-        except HetschedError:
-            return None  # an unreadable board: planning goes on with default states
-        if not snap.zones and not snap.domains:
-            return None
-        return device_states(snap, self._devices, power_budget_w=self._power_budget)
+        """One sample of the board's device states (blocking; see :class:`BoardSampler`)."""
+        if self._sampler is None:
+            self._sampler = BoardSampler(self._root, power_budget_w=self._power_budget)
+        return self._sampler.sample(self._devices)
 
     def _plan_and_compile(self, excluded: Sequence[str], sampled: Mapping[str, DeviceState],
                           use_costs: bool) -> tuple[Plan, list[StageRuntime]]:
@@ -560,35 +483,13 @@ class Session:
             pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
             transfers=self._engine.statistics() if self._engine is not None else None,
             compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
-            **self._energy_fields(),
+            **energy_fields(self._scheduler, self._stages,
+                            self._adapter.retired_energy_j if self._adapter is not None else 0.0),
             replanning=self._adapter.statistics() if self._adapter is not None else ReplanStatistics(),
             failover=(self._adapter.failover.statistics()
                       if self._adapter is not None and self._adapter.failover is not None else None),
             allocation_failures=sch.allocation_failures if sch is not None else 0,
         )
-
-    def _energy_fields(self) -> dict[str, Any]:
-        """``energy_j``, ``energy_source`` and ``stage_energy_j`` from the stages' own reports
-        (a twin stage's ``statistics().modelled_energy_j``), retired plans' included."""
-        per_stage: dict[str, float] = {}
-        sch = self._scheduler
-        stages = [st for gen in sch.live_generations() for st in gen.stages] if sch is not None else self._stages
-        current = {id(st) for st in self._stages}
-        total = 0.0
-        found = False
-        for st in stages:
-            stats = getattr(st.compiled, "statistics", None)
-            energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
-            if not isinstance(energy, (int, float)):
-                continue
-            found = True
-            total += float(energy)
-            if id(st) in current:
-                per_stage[st.name] = float(energy)
-        retired = self._adapter.retired_energy_j if self._adapter is not None else 0.0
-        found = found or retired > 0
-        return {"energy_j": total + retired if found else None, "energy_source": "modelled" if found else None,
-                "stage_energy_j": MappingProxyType(per_stage)}
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,

@@ -15,10 +15,11 @@ from typing import Any
 
 from hetsched._errors import PlacementError
 
-from ._builtin import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+from ._builtin import HEFT, W_ENERGY_S_PER_J, Pinned, PowerThermalWeighted, RandomPolicy
 from ._consolidate import consolidate, makespan
 from ._problem import (
     DeviceState,
+    DeviceStateInputs,
     Link,
     Placement,
     PlacementPolicy,
@@ -30,6 +31,7 @@ from ._problem import (
 __all__ = [
     "HEFT",
     "DeviceState",
+    "DeviceStateInputs",
     "Link",
     "Pinned",
     "Placement",
@@ -38,6 +40,7 @@ __all__ = [
     "PowerThermalWeighted",
     "RandomPolicy",
     "Unit",
+    "W_ENERGY_S_PER_J",
     "consolidate",
     "get_policy",
     "makespan",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections.abc import Callable, Mapping
 
@@ -11,11 +12,28 @@ from hetsched._errors import PlacementError
 from ._consolidate import consolidate
 from ._problem import Placement, PlacementProblem, Unit
 
-__all__ = ["HEFT", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
+__all__ = ["HEFT", "W_ENERGY_S_PER_J", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
+
+W_ENERGY_S_PER_J = 0.01
+"""Default weight of the energy term, in seconds per joule: a unit may finish this much later
+on a device for each joule it saves there. Any positive weight breaks a tie between equally
+fast devices toward the one that spends less. A device ``k`` times faster than another keeps
+the unit unless it draws more than ``(k - 1) / w_energy`` watts above ``k`` times the slower
+one's power (50 W at ``k = 1.5`` with this default: beyond what an edge SoC's devices differ
+by), so the default does not trade a clear speed win for energy; raise it to do so."""
 
 
 def _clamp01(x: float) -> float:
     return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def _check_w_energy(w_energy: float) -> float:
+    """:raises PlacementError: ``w_energy`` is not a finite number >= 0."""
+    if isinstance(w_energy, bool) or not isinstance(w_energy, (int, float)) or not (
+        math.isfinite(w_energy) and w_energy >= 0
+    ):
+        raise PlacementError(f"w_energy must be a finite number of seconds per joule >= 0, got {w_energy!r}")
+    return float(w_energy)
 
 
 class PowerThermalWeighted:
@@ -27,18 +45,28 @@ class PowerThermalWeighted:
 
         ready = max(device free, inputs arrived (incl. transfers))
         effective = ready + latency / max(score, min_score) ** sharpness
+                    + w_energy * (energy_j - least energy_j among the unit's candidates)
 
-    so a fast cool device beats a slow cool one, and a hot or busy device is used only
-    when it is much faster. Every candidate's terms are kept in ``Placement.scores``.
+    so a fast cool device beats a slow cool one, a hot or busy device is used only
+    when it is much faster, and among equally fast devices the one spending less energy
+    wins (``PlacementProblem.energy``; a device whose energy is unknown gets no energy
+    term). Every candidate's terms are kept in ``Placement.scores`` (``energy_j`` where
+    known, ``energy_s`` = the weighted excess).
     """
 
     def __init__(self, w_util: float = 0.4, w_temp: float = 0.3, w_power: float = 0.3, *,
-                 min_score: float = 0.05, sharpness: float = 1.0, consolidate: bool = True):
-        """:param consolidate: after placing, fold islands of units into the device around them
+                 w_energy: float = W_ENERGY_S_PER_J, min_score: float = 0.05, sharpness: float = 1.0,
+                 consolidate: bool = True):
+        """:param w_energy: seconds of finish time one joule is worth (:data:`W_ENERGY_S_PER_J`);
+            0 ignores energy.
+        :param consolidate: after placing, fold islands of units into the device around them
             where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
+        :raises PlacementError: a negative weight, all headroom weights zero, or a bad ``w_energy``.
         """
         if min(w_util, w_temp, w_power) < 0 or w_util + w_temp + w_power <= 0:
-            raise ValueError("weights must be non-negative and not all zero")
+            raise PlacementError("PowerThermalWeighted weights w_util/w_temp/w_power must be non-negative "
+                                 f"and not all zero, got {w_util!r}/{w_temp!r}/{w_power!r}")
+        self.w_energy = _check_w_energy(w_energy)
         total = w_util + w_temp + w_power
         self.w_util, self.w_temp, self.w_power = w_util / total, w_temp / total, w_power / total
         self.min_score = min_score
@@ -62,6 +90,7 @@ class PowerThermalWeighted:
         for unit in problem.units:
             best_dev, best_eft, best_finish = "", float("inf"), 0.0
             unit_terms: dict[str, dict[str, float]] = {}
+            excess = problem.energy_excess_j(unit) if problem.energy else {}
             for dev in unit.candidates:
                 st = problem.devices[dev]
                 s = max(scores_by_dev[dev], self.min_score)
@@ -72,12 +101,15 @@ class PowerThermalWeighted:
                     if t > arrive:
                         arrive = t
                 start = max(free_at[dev], arrive)
-                eff = start + lat / (s ** self.sharpness)
+                energy_s = self.w_energy * excess.get(dev, 0.0)
+                eff = start + lat / (s ** self.sharpness) + energy_s
                 unit_terms[dev] = {
                     "latency_s": lat, "start_s": start, "util": st.utilisation,
                     "temp_headroom": st.temp_headroom, "power_headroom": st.power_headroom,
-                    "score": s, "effective_s": eff,
+                    "score": s, "energy_s": energy_s, "effective_s": eff,
                 }
+                if dev in excess:
+                    unit_terms[dev]["energy_j"] = problem.energy[(unit.id, dev)]
                 if eff < best_eft:
                     best_dev, best_eft, best_finish = dev, eff, start + lat
             assignment[unit.id] = best_dev
@@ -89,21 +121,29 @@ class PowerThermalWeighted:
 
 
 class HEFT:
-    """Heterogeneous Earliest Finish Time (Topcuoglu et al. 2002), latency only.
+    """Heterogeneous Earliest Finish Time (Topcuoglu et al. 2002), plus an energy term.
 
     Rank units by upward rank (average cost + max over successors of average transfer +
     their rank), then assign in decreasing rank to the device with the earliest finish
-    time, inserting into idle gaps of a device's timeline.
+    time, inserting into idle gaps of a device's timeline. The device is chosen by
+    ``eft + w_energy * (energy_j - least energy_j among the unit's candidates)``, so among
+    devices finishing together the one spending less energy wins (unknown energy: no
+    term); the schedule itself keeps the true finish times.
     """
 
-    def __init__(self, insertion: bool = True, *, gap_window: int | None = 64, consolidate: bool = True):
+    def __init__(self, insertion: bool = True, *, gap_window: int | None = 64, consolidate: bool = True,
+                 w_energy: float = W_ENERGY_S_PER_J):
         """:param insertion: insert into idle gaps of a device's timeline (classic HEFT).
         :param gap_window: examine at most this many gaps after a unit's ready time (None =
             all). Exact insertion HEFT is quadratic on long graphs, where timelines fill with
             tiny gaps that can never hold a unit; the window keeps planning linear.
         :param consolidate: after placing, fold islands of units into the device around them
             where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
+        :param w_energy: seconds of finish time one joule is worth (:data:`W_ENERGY_S_PER_J`);
+            0 gives classic latency-only HEFT.
+        :raises PlacementError: ``w_energy`` is not a finite number >= 0.
         """
+        self.w_energy = _check_w_energy(w_energy)
         self.consolidate = consolidate
         self.insertion = insertion
         self.gap_window = gap_window
@@ -158,8 +198,9 @@ class HEFT:
         terms: dict[int, dict[str, dict[str, float]]] = {}
         for uid in order:
             u = units[uid]
-            best_dev, best_eft, best_start = "", float("inf"), 0.0
+            best_dev, best_key, best_eft, best_start = "", float("inf"), 0.0, 0.0
             ut: dict[str, dict[str, float]] = {}
+            excess = problem.energy_excess_j(u) if problem.energy else {}
             for dev in u.candidates:
                 ready = 0.0
                 for p in u.preds:
@@ -174,9 +215,13 @@ class HEFT:
                 else:
                     start = self._slot(timeline[dev], ready, dur, ends[dev])
                 eft = start + dur
-                ut[dev] = {"latency_s": dur, "ready_s": ready, "start_s": start, "eft_s": eft, "rank": rank[uid]}
-                if eft < best_eft:
-                    best_dev, best_eft, best_start = dev, eft, start
+                energy_s = self.w_energy * excess.get(dev, 0.0)
+                ut[dev] = {"latency_s": dur, "ready_s": ready, "start_s": start, "eft_s": eft, "rank": rank[uid],
+                           "energy_s": energy_s, "score_s": eft + energy_s}
+                if dev in excess:
+                    ut[dev]["energy_j"] = problem.energy[(uid, dev)]
+                if eft + energy_s < best_key:
+                    best_dev, best_key, best_eft, best_start = dev, eft + energy_s, eft, start
             assignment[uid] = best_dev
             finish[uid] = best_eft
             tl = timeline[best_dev]

@@ -14,6 +14,7 @@ from hetsched._errors import PlacementError
 
 __all__ = [
     "DeviceState",
+    "DeviceStateInputs",
     "Link",
     "Placement",
     "PlacementPolicy",
@@ -39,6 +40,31 @@ class Unit:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceStateInputs:
+    """The board readings a :class:`DeviceState` was computed from (``None``: not read / unknown),
+    so a plan can show why a device looked hot or busy."""
+
+    time_s: float
+    """The snapshot's time (seconds on the sampler's clock)."""
+    domain: str | None = None
+    """The clock domain whose load gave ``utilisation``."""
+    domain_utilisation: float | None = None
+    zone: str | None = None
+    """The thermal zone whose temperature gave ``temp_headroom``."""
+    zone_match: str = "none"
+    """``"own"`` (the device's zone), ``"hottest"`` (no zone of its own: the hottest zone's
+    headroom, as the SoC shares one die) or ``"none"`` (no zone with a temperature and a trip)."""
+    temp_c: float | None = None
+    trip_c: float | None = None
+    """The passive trip the temperature was held against."""
+    power_w: float | None = None
+    """The board's total power."""
+    power_source: str | None = None
+    """``"measured"`` or ``"estimated"`` (the rails ``power_w`` came from)."""
+    power_budget_w: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceState:
     """A device as a policy sees it. Headrooms are fractions in [0, 1] (1 = fully free/cool)."""
 
@@ -46,10 +72,13 @@ class DeviceState:
     kind: str = "cpu"
     utilisation: float = 0.0
     temp_headroom: float = 1.0
-    """(T_max - T) / T_max, T_max being the first passive trip of the device's zone."""
+    """``(T_trip - T) / (T_trip - T_ref)`` clamped to [0, 1], ``T_trip`` the lowest passive trip
+    of the device's zone (``hetsched._planning.states`` documents ``T_ref``); 0 at or above the trip."""
     power_headroom: float = 1.0
-    """(P_budget - P) / P_budget."""
+    """``(P_budget - P) / P_budget`` clamped to [0, 1]; 1 without a budget."""
     memory_domain: str = "host"
+    inputs: DeviceStateInputs | None = None
+    """What the state was computed from, when it came from a board snapshot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +100,8 @@ class PlacementProblem:
     seconds of the unit on the device (measured where known, else analytic).
     ``edges[(u, v)]`` is the bytes unit ``u`` sends to unit ``v``. ``links[(a, b)]``
     prices a transfer from device ``a`` to device ``b`` (missing pair = free).
+    ``energy[(unit_id, device)]`` is the joules one run of the unit spends on the device
+    (modelled or measured); a missing pair is unknown.
     """
 
     units: tuple[Unit, ...]
@@ -78,6 +109,19 @@ class PlacementProblem:
     cost: Mapping[tuple[int, str], float]
     edges: Mapping[tuple[int, int], float] = field(default_factory=dict)
     links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
+    energy: Mapping[tuple[int, str], float] = field(default_factory=dict)
+
+    def energy_excess_j(self, unit: Unit) -> dict[str, float]:
+        """Per candidate of ``unit`` with a known energy: its joules above the least known one.
+
+        Candidates whose energy is unknown get no entry (no term): measuring the excess from
+        the cheapest known device keeps an unknown device from looking free next to known ones.
+        """
+        known = {d: self.energy[(unit.id, d)] for d in unit.candidates if (unit.id, d) in self.energy}
+        if not known:
+            return {}
+        least = min(known.values())
+        return {d: e - least for d, e in known.items()}
 
     def transfer_seconds(self, u: int, v: int, src: str, dst: str) -> float:
         if src == dst:

@@ -26,6 +26,7 @@ __all__ = [
     "NodeCost",
     "analytic_node_costs",
     "launch_seconds",
+    "modelled_energy_j",
     "sync_seconds_per_byte",
     "value_bytes",
 ]
@@ -72,6 +73,29 @@ def sync_seconds_per_byte(a: Device, b: Device) -> float:
     if a.kind == "cpu" and b.kind == "cpu":
         return 0.0
     return 1.0 / max(1.0, min(a.mem_bandwidth, b.mem_bandwidth))
+
+
+def modelled_energy_j(device: Device, flops: float) -> float | None:
+    """Joules one run of ``flops`` of work spends on ``device``, where the device carries a power
+    model, else None (unknown: a real device without one).
+
+    A twin device (and the RKNN NPU device on a twin's root) carries its SoC profile's domain in
+    ``options["profile_domain"]``; the energy is the one the simulated stage accounts
+    (``backends.sim.SimStage.modelled``): the domain's full dynamic power times its compute
+    time, at the top operating point, which is what planning assumes the clock will be.
+    """
+    domain = device.options.get("profile_domain")
+    if domain is None:
+        return None
+    try:
+        hz = int(domain.max_hz)
+        power_w = float(domain.full_power_w(hz))
+        ops_per_cycle = float(domain.ops_per_cycle)
+    except (AttributeError, TypeError, ValueError):
+        return None  # not a profile domain: no model, so no energy term rather than a guess
+    if hz <= 0 or not math.isfinite(power_w) or power_w < 0:
+        return None
+    return power_w * max(0.0, flops) / max(1.0, ops_per_cycle * hz)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetsched._errors import PartitionError
+from hetsched._errors import PartitionError, PlacementError
 from hetsched.backends import Capabilities, Device, get_backend
 from hetsched.policies import (
     DeviceState,
@@ -29,6 +30,7 @@ from .costs import (
     NodeCost,
     analytic_node_costs,
     launch_seconds,
+    modelled_energy_j,
     sync_seconds_per_byte,
     value_bytes,
 )
@@ -84,6 +86,8 @@ class Plan:
     """Per unit id, its node indices in the graph index (to extract a unit alone)."""
     stage_flops: tuple[float, ...] = field(default=(), repr=False)
     """Per stage id, the analytic FLOPs of its nodes."""
+    device_states: Mapping[str, DeviceState] = field(default_factory=dict)
+    """Per device, the state the policy was given for this plan (defaults where none was known)."""
 
     def backend_of(self, device: str) -> str:
         """The backend name of the plan's device called ``device``."""
@@ -143,10 +147,19 @@ class Plan:
                 for u in self.units
             ],
             "refused": [{"unit": r.unit, "device": r.device, "reason": r.reason} for r in self.refused],
+            "device_states": {name: _state_json(st) for name, st in self.device_states.items()},
         }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1)
+
+
+def _state_json(state: DeviceState) -> dict[str, Any]:
+    out: dict[str, Any] = {"utilisation": state.utilisation, "temp_headroom": state.temp_headroom,
+                           "power_headroom": state.power_headroom}
+    if state.inputs is not None:
+        out["inputs"] = dataclasses.asdict(state.inputs)
+    return out
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -191,7 +204,10 @@ def build_plan(
         device (its candidates lose it) and the plan reports the reason.
     :raises PartitionError: an op no device can run, or a unit every capable device refused
         (the message names the unit and each device's reason).
-    :raises PlacementError: the policy's answer is unusable.
+    :param device_states: per device name, what the policy sees of it (e.g. from
+        :func:`hetsched._planning.states.device_states`); devices left out get a default state.
+    :raises PlacementError: the policy raised (wrapped, naming the policy; a ``PlacementError``
+        of its own passes through) or its answer is unusable.
     """
     with _gc_paused():
         return _build_plan(index, devices, policy, max_unit_nodes=max_unit_nodes, device_states=device_states,
@@ -251,6 +267,7 @@ def _build_plan(
     units: list[Unit] = []
     refusals: list[Refusal] = []
     cost: dict[tuple[int, str], float] = {}
+    energy: dict[tuple[int, str], float] = {}
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
     for u in drafts:
         cands = cands_of.get(u.mask)
@@ -269,6 +286,9 @@ def _build_plan(
                 cost[(u.id, dname)] = measured
             else:
                 cost[(u.id, dname)] = est * (costs.factor(dname) if costs is not None else 1.0)
+            joules = modelled_energy_j(dev, flops)
+            if joules is not None:
+                energy[(u.id, dname)] = joules
         units.append(
             Unit(
                 id=u.id,
@@ -295,8 +315,8 @@ def _build_plan(
                 else:
                     spb = 1.0 / _CROSS_DOMAIN_BPS
                 links[(a.name, b.name)] = Link(_BOUNDARY_LATENCY_S + launch_seconds(b), spb)
-    problem = PlacementProblem(tuple(units), states, cost, edges, links)
-    placement = validate_placement(problem, pol.place(problem), policy_name(pol))
+    problem = PlacementProblem(tuple(units), states, cost, edges, links, energy)
+    placement = validate_placement(problem, _place(pol, problem), policy_name(pol))
     stages = merge_stages(
         index,
         drafts,
@@ -315,7 +335,22 @@ def _build_plan(
         refused=tuple(refusals),
         unit_nodes=tuple(u.nodes for u in drafts),
         stage_flops=tuple(sum(node_costs[n].flops for n in st.nodes) for st in stages),
+        device_states=states,
     )
+
+
+def _place(policy: PlacementPolicy, problem: PlacementProblem) -> object:
+    """The policy's answer.
+
+    :raises PlacementError: the policy raised; the message names the policy and the error
+        (``__cause__`` is the original). A ``PlacementError`` of the policy's own passes through.
+    """
+    try:
+        return policy.place(problem)
+    except PlacementError:
+        raise
+    except Exception as exc:
+        raise PlacementError(f"policy {policy_name(policy)!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _drop_refused(index: GraphIndex, uid: int, nodes: Sequence[int], key: str, cands: tuple[str, ...],

@@ -12,6 +12,22 @@ instead restores the file's previous content on its next poll and counts the rej
 (:class:`LiveTwinStatistics`). A knob found empty is assumed to be mid-write and is
 re-read on the next poll before being treated as invalid.
 
+The session's work (:mod:`hetsched._twin.loadfile`): while the twin runs (``async with``, or
+once :meth:`LiveTwin.advance` has been called) it keeps a load channel under its root, to
+which simulated stages append their *modelled* busy board-seconds per domain. Each update
+reads what was reported since the last one and turns it into that period's utilisation,
+``busy_board_s / board_seconds`` of the period (``elapsed * speed``: both are board
+seconds, so at ``speed=10`` a session that keeps the GPU busy in modelled time for one
+wall second fills a tenth of the ten board seconds simulated), capped at 1.0, where
+several workers on one domain, or a host faster than the modelled board, would report more.
+A :meth:`LiveTwin.report_utilisation` background value adds to it (capped at 1.0): both
+are busy fractions of the same period, as :class:`~hetsched._twin.sim.SimBoard` combines a
+background load with its own work. The period's utilisation drives the physics of that
+period, so loads, temperatures, rail powers, the kernel-like governors and energy follow the
+session. The channel is removed when the ``async with`` block ends; a snapshot-only tree
+(:meth:`LiveTwin.write_once` alone, ``hetsched twin --once``) never has one, so no session
+writes into a tree nobody reads.
+
 Flaky sensors (``flaky=p``): on each update every online thermal zone's ``temp`` is,
 with probability ``p``, left empty for that period (a board's read fails with EAGAIN and
 yields no data).
@@ -22,16 +38,17 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 
 import anyio
 import anyio.abc
 
 from .._errors import RuntimeStateError, TwinError
 from .kernel import WriteRejected, parse_uint, resolve_ceil, resolve_floor
+from .loadfile import LoadChannel, LoadChannelStatistics
 from .profiles import SocProfile, get_profile
 from .sim import SimBoard
 from .state import BoardState, boot_state
@@ -53,6 +70,10 @@ class LiveTwinStatistics:
     energy_j: float
     peak_temp_c: float
     throttle_events: int
+    reported_busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Board seconds of work the session reported per domain (the load channel), all periods."""
+    load_channel: LoadChannelStatistics | None = None
+    """The load channel's counters (the last channel's once the twin stopped); None before one was opened."""
 
 
 class LiveTwin:
@@ -114,6 +135,11 @@ class LiveTwin:
         self._tg: anyio.abc.TaskGroup | None = None
         self._running = False
         self._last_clock: float | None = None
+        self._load: LoadChannel | None = None
+        self._load_stats: LoadChannelStatistics | None = None
+        self._bg_util: dict[str, float] = {}
+        self._session_util: dict[str, float] = {}
+        self._reported: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -121,6 +147,7 @@ class LiveTwin:
         if self._running:
             raise RuntimeStateError("LiveTwin is already running")
         self.write_once()
+        self._open_load()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._running = True
@@ -136,7 +163,13 @@ class LiveTwin:
         if tg is None:
             return None
         tg.cancel_scope.cancel()
-        return await tg.__aexit__(exc_type, exc, tb)
+        try:
+            return await tg.__aexit__(exc_type, exc, tb)
+        finally:
+            if self._load is not None:
+                self._load_stats = self._load.statistics()
+                self._load.remove()
+                self._load = None  # a twin entered again makes a fresh channel
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -172,14 +205,19 @@ class LiveTwin:
         """Apply pending writes, advance the physics by ``board_seconds``, rewrite the tree.
 
         Raises:
-            TwinError: negative ``board_seconds``.
+            TwinError: negative ``board_seconds``; the twin's load channel under the root is a
+                symlink or not a directory (checked when the twin first opens it).
         """
         if not board_seconds >= 0:
             raise TwinError(f"advance({board_seconds!r}): must be >= 0")
         if not self._materialised:
             self.write_once()
+        load = self._open_load()
         self.poll_writes()
         if board_seconds > 0:
+            # Read only when time passes: work reported during a zero-length update is the next
+            # period's.
+            self._apply_load(load.read(), board_seconds)
             self.sim.step(board_seconds)
             self._account_jiffies(board_seconds)
         self._render()
@@ -187,10 +225,34 @@ class LiveTwin:
     def report_utilisation(self, domain: str, util: float) -> None:
         """A workload reports ``domain``'s busy fraction (0..1) until changed.
 
+        The session's reported work adds to it (see the module docstring).
+
         Raises:
             TwinError: unknown domain or util outside [0, 1].
         """
-        self.sim.set_utilisation(domain, util)
+        self.sim.set_utilisation(domain, util)  # validates domain and range
+        self._bg_util[domain] = float(util)
+        session = self._session_util.get(domain, 0.0)
+        if session:
+            self.sim.set_utilisation(domain, min(1.0, util + session))
+
+    def _open_load(self) -> LoadChannel:
+        if self._load is None:
+            self._load = LoadChannel.create(self.root)
+        return self._load
+
+    def _apply_load(self, busy: Mapping[str, float], board_seconds: float) -> None:
+        """Set each domain's utilisation for the period from the busy seconds reported in it."""
+        for d in self.profile.domains:
+            name = d.name
+            b = busy.get(name, 0.0)
+            if b:
+                self._reported[name] = self._reported.get(name, 0.0) + b
+            u = min(1.0, b / board_seconds)
+            if u == self._session_util.get(name, 0.0):
+                continue
+            self._session_util[name] = u
+            self.sim.set_utilisation(name, min(1.0, self._bg_util.get(name, 0.0) + u))
 
     def statistics(self) -> LiveTwinStatistics:
         s = self.sim.statistics()
@@ -203,6 +265,8 @@ class LiveTwin:
             energy_j=s.energy_j,
             peak_temp_c=s.peak_temp_c,
             throttle_events=s.throttle_events,
+            reported_busy_s=MappingProxyType(dict(self._reported)),
+            load_channel=self._load_stats if self._load is None else self._load.statistics(),
         )
 
     # ------------------------------------------------------------------ rendering

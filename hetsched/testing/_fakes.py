@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from hetsched._errors import CompileError, StageExecutionError
+from hetsched._errors import CompileError, DeviceFailedError, StageExecutionError
 from hetsched.backends import Capabilities, Device, register_backend, unregister_backend
 
 __all__ = ["FakeBackend", "FakeCall", "FakeStage", "fake_device"]
@@ -66,6 +66,9 @@ class FakeStage:
         if self._backend.fail_stages and self.name in self._backend.fail_stages:
             raise StageExecutionError(f"fake failure of stage {self.name!r} on {self.device.name!r}",
                                       stage=self.name, device=self.device.name)
+        if self._backend.failed_devices and self.device.name in self._backend.failed_devices:
+            raise DeviceFailedError(f"fake device {self.device.name!r} failed (made to fail by the test)",
+                                    stage=self.name, device=self.device.name)
         try:
             if self._backend.handler is not None:
                 return list(self._backend.handler(self.name, feeds))
@@ -78,6 +81,7 @@ class FakeStage:
 
     def close(self) -> None:
         self._ref = None
+        self._backend._closed(self.name)
 
 
 class FakeBackend:
@@ -98,7 +102,21 @@ class FakeBackend:
         self.fail_stages = frozenset(fail_stages)
         self.calls: list[FakeCall] = []
         self.compiled: list[str] = []
+        self.closed: list[str] = []
+        """Names of the stages closed so far (a re-planned session closes its old plan's)."""
+        self.failed_devices: frozenset[str] = frozenset()
+        """Devices whose every run raises :class:`~hetsched.DeviceFailedError` (see :meth:`fail_device`)."""
         self._lock = threading.Lock()
+
+    def fail_device(self, name: str) -> None:
+        """From now on, every stage run on device ``name`` raises
+        :class:`~hetsched.DeviceFailedError` (a device failing for good: failover tests)."""
+        with self._lock:
+            self.failed_devices = self.failed_devices | {name}
+
+    def _closed(self, name: str) -> None:
+        with self._lock:
+            self.closed.append(name)
 
     def capabilities(self, device: Device) -> Capabilities:
         if self.ops is None:

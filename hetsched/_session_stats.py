@@ -1,0 +1,142 @@
+"""What a session reports: :class:`SessionStatistics`, its energy figures, and the board sampler
+that gives the policy each device's state (:class:`BoardSampler`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from hetsched.backends import Device
+from hetsched.policies import DeviceState
+
+from ._errors import HetschedError
+from ._replan import ReplanStatistics
+from ._runtime._buffers import PoolStatistics
+from ._runtime._failover import FailoverStatistics
+from ._runtime._scheduler import Scheduler, StageRuntime
+from ._runtime._transfer import TransferStatistics
+from ._setup import CompileStatistics
+
+__all__ = ["BoardSampler", "SessionStatistics", "energy_fields"]
+
+
+@dataclass(frozen=True)
+class SessionStatistics:
+    """A snapshot of a :class:`Session` (pool and transfer snapshots included)."""
+
+    requests_started: int
+    requests_completed: int
+    requests_failed: int
+    requests_cancelled: int
+    in_flight: int
+    stage_runs: int
+    stages: int
+    devices: int
+    max_in_flight: int = 0
+    """The admission bound (backpressure): more requests wait before starting."""
+    peak_in_flight: int = 0
+    """Most requests admitted at once so far (never above ``max_in_flight``)."""
+    queued_stages: int = 0
+    """Ready stages waiting in device queues now."""
+    stage_runs_bound: int = 0
+    """Stage runs whose outputs were written straight into pool buffers (IO binding)."""
+    stage_runs_unbound: int = 0
+    """Stage runs whose outputs the backend allocated (dynamic shapes, unbindable types, a full pool)."""
+    stage_runs_to_caller: int = 0
+    """Runs of stages whose outputs only the caller reads, who wanted arrays to keep: the backend
+    allocated them and they were handed over as they were (no pool buffer, no copy)."""
+    unbound_stages: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Stages not run in place, with the reason."""
+    wakeups_coalesced: int = 0
+    """Finished NORMAL/BACKGROUND requests whose caller was woken together with a later one
+    (the workers its next request would start on still had queued work; see README, Runtime)."""
+    bytes_copied_to_caller: int = 0
+    """Bytes of the one documented copy of each output handed to a caller (0 with ``zero_copy``)."""
+    bytes_staged: int = 0
+    """Bytes of fed arrays copied into host buffers to be transferred to a domain the host does not share."""
+    pools: Mapping[str, PoolStatistics] = field(default_factory=lambda: MappingProxyType({}))
+    """One snapshot per memory domain's buffer pool."""
+    transfers: TransferStatistics | None = None
+    """The transfer engine's snapshot (None before the session opened)."""
+    compile: CompileStatistics = field(default_factory=CompileStatistics)
+    """Conversions, cache hits and conversion seconds of the backends since the session opened,
+    and the (unit, device) pairs refused by trying (see ``hetsched/_setup.py``)."""
+    energy_j: float | None = None
+    """Joules of every stage run so far (plans re-placed away included), where the backends
+    report energy; None when none does."""
+    energy_source: str | None = None
+    """Where :attr:`energy_j` comes from: ``"modelled"`` (a twin's devices and the NPU on a
+    twin root: the twin's power model at the clocks of each run), or None."""
+    stage_energy_j: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per stage of the current plan, the joules its runs spent (where reported)."""
+    replanning: ReplanStatistics = field(default_factory=ReplanStatistics)
+    """Re-plans while serving and why the last one happened."""
+    failover: FailoverStatistics | None = None
+    """Device failures, re-submitted requests, quarantined devices (None: failover off)."""
+    allocation_failures: int = 0
+    """Stage runs whose pool buffers could not be allocated (they ran unbound, still bound after)."""
+
+    @property
+    def bytes_copied_same_domain(self) -> int:
+        """Bytes copied from a memory domain to itself, over all pools: 0 when zero-copy holds."""
+        return sum(p.bytes_copied_same_domain for p in self.pools.values())
+
+
+
+def energy_fields(sch: Scheduler | None, current: Sequence[StageRuntime], retired_j: float) -> dict[str, Any]:
+    """``energy_j``, ``energy_source`` and ``stage_energy_j`` of :class:`SessionStatistics`, from
+    the stages' own reports (a twin stage's ``statistics().modelled_energy_j``) of every plan
+    still open, plus ``retired_j`` of the plans already closed."""
+    per_stage: dict[str, float] = {}
+    stages = [st for gen in sch.live_generations() for st in gen.stages] if sch is not None else list(current)
+    now = {id(st) for st in current}
+    total = 0.0
+    found = retired_j > 0
+    for st in stages:
+        stats = getattr(st.compiled, "statistics", None)
+        energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
+        if not isinstance(energy, (int, float)):
+            continue
+        found = True
+        total += float(energy)
+        if id(st) in now:
+            per_stage[st.name] = float(energy)
+    return {"energy_j": total + retired_j if found else None, "energy_source": "modelled" if found else None,
+            "stage_energy_j": MappingProxyType(per_stage)}
+
+
+class BoardSampler:
+    """Device states from the board under ``root``, one telemetry sample at a time (blocking).
+
+    The telemetry reader is made on the first sample and kept, so CPU loads (``/proc/stat``
+    deltas) and integrated energy span samples. A board without power sensors (RK3588) gets
+    the SoC's power model (``hetsched._estimators.power_estimator_for``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, power_budget_w: float | None = None):
+        self.root = root
+        self.power_budget_w = power_budget_w
+        self._telemetry: Any = None
+
+    def sample(self, devices: Sequence[Device]) -> Mapping[str, DeviceState] | None:
+        """The states of ``devices`` now, or None where the root has no telemetry (no thermal
+        zone, no clock domain: a host like a CI machine) or could not be read."""
+        from ._planning.states import device_states
+
+        try:
+            if self._telemetry is None:
+                from ._estimators import power_estimator_for
+                from ._platform.discovery import discover
+                from ._platform.telemetry import Telemetry
+
+                platform = discover(self.root)
+                self._telemetry = Telemetry(self.root, estimator=power_estimator_for(platform), platform=platform)
+            snap = self._telemetry.sample_once()
+        except HetschedError:
+            return None  # an unreadable board: planning goes on with default states
+        if not snap.zones and not snap.domains:
+            return None
+        return device_states(snap, devices, power_budget_w=self.power_budget_w)

@@ -1,0 +1,346 @@
+"""Re-placement while serving and failover (issue 12): no request lost or duplicated, old plans
+closed once drained, a failing device quarantined and its requests retried on the new plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from hetsched import (
+    DeviceFailedError,
+    Event,
+    Hooks,
+    Replanning,
+    ReplanInfo,
+    RuntimeStateError,
+    Session,
+    StageExecutionError,
+)
+from hetsched.policies import Pinned
+from hetsched.testing import FakeBackend, fake_device
+
+
+def _chain(n: int = 3) -> onnx.ModelProto:
+    """x -> Neg -> Abs -> Neg ... : n nodes, each its own unit with max_unit_nodes=1."""
+    ops = ["Neg", "Abs"]
+    nodes = []
+    prev = "x"
+    for i in range(n):
+        out = "y" if i == n - 1 else f"t{i}"
+        nodes.append(helper.make_node(ops[i % 2], [prev], [out], name=f"n{i}"))
+        prev = out
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+
+
+def _expected(x: np.ndarray, n: int = 3) -> np.ndarray:
+    v = x
+    for i in range(n):
+        v = -v if i % 2 == 0 else np.abs(v)
+    return v
+
+
+class _Switch:
+    """A pure policy whose mapping the test flips between re-plans (units by node name)."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def place(self, problem: Any) -> Any:
+        return Pinned(lambda _unit: self.device).place(problem)
+
+
+class _Recorder(Hooks):
+    def __init__(self) -> None:
+        self.replans: list[ReplanInfo] = []
+        self.stage_energy: list[float | None] = []
+
+    def replan(self, info: Any) -> None:
+        self.replans.append(info.extra)
+
+
+def _x(i: int) -> np.ndarray:
+    return np.array([i, -i, 0.5 * i, -0.25 * i], np.float32)
+
+
+@pytest.mark.anyio
+async def test_replans_while_a_stream_runs_lose_nothing_keep_order_and_close_old_plans(anyio_backend: str) -> None:
+    policy = _Switch("a")
+    rec = _Recorder()
+    n = 3000
+    with FakeBackend("fake-rp") as fb:
+        devices = [fake_device("a", backend="fake-rp"), fake_device("b", backend="fake-rp")]
+        async with Session(_chain(), devices=devices, policy=policy, max_unit_nodes=1, hooks=[rec],
+                           max_in_flight=256) as s:
+            got: list[np.ndarray] = []
+
+            async def replans() -> None:
+                for k in range(6):
+                    await anyio.sleep(0.005)
+                    policy.device = "b" if k % 2 == 0 else "a"
+                    plan = await s.replan(reason=f"test {k}")
+                    assert set(plan.placement.assignment.values()) == {policy.device}
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(replans)
+                    async with s.map({"x": _x(i)} for i in range(n)) as results:
+                        async for out in results:
+                            got.append(out["y"])
+            stats = s.statistics()
+            assert stats.replanning.replans == 6
+            assert stats.replanning.last_reason == "test 5"
+            assert stats.replanning.reasons == {"requested": 6}
+            assert stats.requests_completed == n and stats.requests_failed == 0
+            # both devices served requests: the switches happened mid-stream
+            assert {c.device for c in fb.calls} == {"a", "b"}
+            compiled_before_close = len(fb.compiled)
+        # every plan's stages closed exactly once: the retired ones when drained, the last at exit
+        assert sorted(fb.closed) == sorted(fb.compiled[:compiled_before_close])
+    assert len(got) == n
+    for i, y in enumerate(got):  # in source order, each exactly once
+        np.testing.assert_array_equal(y, _expected(_x(i)))
+    assert [r.number for r in rec.replans] == [1, 2, 3, 4, 5, 6]
+    assert all(r.moved_units == 3 for r in rec.replans)
+
+
+@pytest.mark.anyio
+async def test_replans_with_thousands_of_run_calls_in_flight(anyio_backend: str) -> None:
+    policy = _Switch("a")
+    with FakeBackend("fake-rp2") as fb:
+        devices = [fake_device("a", backend="fake-rp2"), fake_device("b", backend="fake-rp2")]
+        async with Session(_chain(), devices=devices, policy=policy, max_unit_nodes=1,
+                           max_in_flight=4096) as s:
+            results: dict[int, np.ndarray] = {}
+
+            async def one(i: int) -> None:
+                out = await s.run({"x": _x(i)})
+                assert i not in results
+                results[i] = out["y"]
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for i in range(2000):
+                        tg.start_soon(one, i)
+                        if i in (500, 1200):
+                            policy.device = "b" if policy.device == "a" else "a"
+                            tg.start_soon(s.replan)
+            assert s.statistics().replanning.replans == 2
+            assert s.statistics().in_flight == 0
+        assert len(fb.closed) == len(fb.compiled)
+    assert sorted(results) == list(range(2000))
+    for i, y in results.items():
+        np.testing.assert_array_equal(y, _expected(_x(i)))
+
+
+@pytest.mark.anyio
+async def test_a_device_failing_for_good_is_quarantined_and_its_requests_retried(anyio_backend: str) -> None:
+    rec = _Recorder()
+    n = 1500
+    with FakeBackend("fake-fo") as fb:
+        # "a" is preferred (faster); "b" can run everything too
+        devices = [fake_device("a", backend="fake-fo", peak_flops=1e13),
+                   fake_device("b", backend="fake-fo", peak_flops=1e10)]
+        async with Session(_chain(), devices=devices, hooks=[rec], max_in_flight=128,
+                           replanning=Replanning(quarantine_after=3)) as s:
+            assert set(s.plan.placement.assignment.values()) == {"a"}
+            got: list[np.ndarray] = []
+
+            def source() -> Any:
+                for i in range(n):
+                    if i == 300:
+                        fb.fail_device("a")  # from now on every run on "a" raises DeviceFailedError
+                    yield {"x": _x(i)}
+
+            with anyio.fail_after(120):
+                async with s.map(source()) as results:
+                    async for out in results:
+                        got.append(out["y"])
+            stats = s.statistics()
+            assert stats.requests_completed == n and stats.requests_failed == 0
+            assert stats.failover is not None
+            assert stats.failover.quarantined == ("a",)
+            assert stats.failover.resubmitted >= 1
+            assert stats.failover.failures["a"] >= 3
+            assert set(s.plan.placement.assignment.values()) == {"b"}
+            assert stats.replanning.reasons.get("failure") == 1
+    assert len(got) == n
+    for i, y in enumerate(got):
+        np.testing.assert_array_equal(y, _expected(_x(i)))
+    assert rec.replans[-1].quarantined == ("a",)
+    assert "failed 3 stage runs in a row" in rec.replans[-1].reason
+
+
+@pytest.mark.anyio
+async def test_a_failing_device_nothing_can_replace_fails_its_requests_without_hanging(anyio_backend: str) -> None:
+    with FakeBackend("fake-fo1") as fb:
+        async with Session(_chain(), devices=[fake_device("a", backend="fake-fo1")],
+                           replanning=Replanning(quarantine_after=2)) as s:
+            fb.fail_device("a")
+            with anyio.fail_after(30):
+                for _ in range(3):
+                    with pytest.raises(DeviceFailedError, match="made to fail"):
+                        await s.run({"x": _x(1)})
+            stats = s.statistics()
+            assert stats.failover is not None
+            assert stats.failover.unreplaceable == ("a",)
+            assert stats.failover.quarantined == ()
+            assert stats.replanning.failed == 1
+            assert stats.requests_failed == 3
+
+
+@pytest.mark.anyio
+async def test_without_replanning_a_device_failure_fails_the_request_once(anyio_backend: str) -> None:
+    with FakeBackend("fake-fo2") as fb:
+        async with Session(_chain(), devices=[fake_device("a", backend="fake-fo2")], replanning=None) as s:
+            fb.fail_device("a")
+            with pytest.raises(DeviceFailedError):
+                await s.run({"x": _x(1)})
+            assert len(fb.calls) == 1  # not retried
+            assert s.statistics().failover is None
+
+
+class _Breaking:
+    """A backend whose stage breaks its contract in the way the feed asks."""
+
+    name = "breaking"
+
+    def capabilities(self, device: Any) -> Any:
+        from hetsched.backends import Capabilities
+
+        return Capabilities.everything()
+
+    def compile(self, model: onnx.ModelProto, device: Any, *, name: str) -> Any:
+        outer = self
+
+        class Stage:
+            input_names = ("x",)
+            output_names = ("y",)
+
+            def run(self, feeds: Mapping[str, np.ndarray]) -> Any:
+                outer.runs += 1
+                how = int(feeds["x"][0])
+                if how == 1:
+                    return [feeds["x"], feeds["x"]]  # too many outputs
+                if how == 2:
+                    return None
+                if how == 3:
+                    raise KeyboardInterrupt
+                if how == 4:
+                    raise SystemExit(3)
+                if how == 5:
+                    return []
+                return [-feeds["x"]]
+
+            def close(self) -> None:
+                pass
+
+        return Stage()
+
+    runs = 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("how", "match"), [(1, "returned 2 values"), (2, "returned None"),
+                                            (3, "KeyboardInterrupt"), (4, "SystemExit"), (5, "returned 0 values")])
+async def test_a_backend_breaking_its_contract_fails_that_request_and_its_worker_survives(
+        anyio_backend: str, how: int, match: str) -> None:
+    from hetsched.backends import register_backend, unregister_backend
+
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["y"], name="neg")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]), opset_imports=[helper.make_operatorsetid("", 17)])
+    register_backend("breaking", _Breaking())  # type: ignore[arg-type]
+    try:
+        async with Session(model, devices=[fake_device("brk", backend="breaking")]) as s:
+            with anyio.fail_after(30):
+                with pytest.raises(StageExecutionError, match=match) as info:
+                    await s.run({"x": np.full(4, how, np.float32)})
+                assert info.value.stage is not None and info.value.device == "brk"
+                # the same worker goes on serving
+                for _ in range(3):
+                    out = await s.run({"x": np.full(4, 7, np.float32)})
+                    np.testing.assert_array_equal(out["y"], np.full(4, -7, np.float32))
+    finally:
+        unregister_backend("breaking")
+
+
+@pytest.mark.anyio
+async def test_two_tasks_entering_one_session_at_once_one_is_refused(anyio_backend: str) -> None:
+    with FakeBackend("fake-enter"):
+        s = Session(_chain(), devices=[fake_device("a", backend="fake-enter")])
+        errors: list[BaseException] = []
+
+        async def enter() -> None:
+            try:
+                async with s:
+                    await s.run({"x": _x(1)})
+                    await anyio.sleep(0.05)
+            except RuntimeStateError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(enter)
+            tg.start_soon(enter)
+        assert len(errors) == 1
+        assert "already open" in str(errors[0])
+        # and the session opens again afterwards, nothing left over from the refused entry
+        async with s:
+            await s.run({"x": _x(2)})
+
+
+def test_a_session_used_from_another_threads_loop_says_so() -> None:
+    import threading
+
+    with FakeBackend("fake-loop"):
+        s = Session(_chain(), devices=[fake_device("a", backend="fake-loop")])
+        seen: list[BaseException] = []
+
+        async def other() -> None:
+            try:
+                await s.run({"x": _x(1)})
+            except BaseException as exc:
+                seen.append(exc)
+
+        async def main() -> None:
+            async with s:
+                t = threading.Thread(target=lambda: anyio.run(other))
+                t.start()
+                await anyio.to_thread.run_sync(t.join)
+
+        anyio.run(main)
+    assert len(seen) == 1 and isinstance(seen[0], RuntimeStateError)
+    assert "another thread" in str(seen[0])
+
+
+@pytest.mark.anyio
+async def test_a_replan_event_and_replan_outside_the_session(anyio_backend: str) -> None:
+    rec = _Recorder()
+    with FakeBackend("fake-ev"):
+        s = Session(_chain(), devices=[fake_device("a", backend="fake-ev")], hooks=[rec])
+        with pytest.raises(RuntimeStateError):
+            await s.replan()
+        async with s:
+            await s.replan(reason="because")
+        assert [r.reason for r in rec.replans] == ["because"]
+        assert rec.replans[0].moved_units == 0
+        assert Event.REPLAN.value == "replan"
+
+
+def test_replanning_rejects_bad_thresholds() -> None:
+    with pytest.raises(ValueError, match="temp_low"):
+        Replanning(temp_low=0.5, temp_high=0.2)
+    with pytest.raises(ValueError, match="drift_factor"):
+        Replanning(drift_factor=1.0)
+    with pytest.raises(ValueError, match="quarantine_after"):
+        Replanning(quarantine_after=0)
+    with pytest.raises(TypeError, match="Replanning"):
+        Session(_chain(), replanning=0.5)  # type: ignore[arg-type]
