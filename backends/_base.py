@@ -47,7 +47,7 @@ __all__ = [
     "WorkerStateStage",
 ]
 
-DeviceKind = Literal["cpu", "gpu", "npu"]
+DeviceKind = Literal["cpu", "gpu", "npu", "dla"]
 
 
 @dataclass(frozen=True)

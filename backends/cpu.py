@@ -65,10 +65,53 @@ def _static_spec(arg: Any) -> TensorSpec | None:
     return dtype, tuple(shape)
 
 
+def _declared_ranked(model: onnx.ModelProto | None) -> dict[str, bool]:
+    """Per graph output of the stage model: does its declared type have a shape (a known rank)?"""
+    if model is None:
+        return {}
+    return {o.name: o.type.WhichOneof("value") == "tensor_type" and o.type.tensor_type.HasField("shape")
+            for o in model.graph.output}
+
+
+def _unbound_reason(inputs: Sequence[Any], outputs: Sequence[Any], ranked: Mapping[str, bool]) -> str | None:
+    """Why a stage with these onnxruntime inputs/outputs (``NodeArg``: ``name``, ``type``,
+    ``shape``) cannot be IO-bound into fixed-shape buffers, or None when it can.
+
+    ``ranked[name]`` is False for an output whose type the stage model declares without a
+    shape: onnxruntime reports such an output's shape as ``[]``, the same as a scalar's, and
+    binding it into a scalar buffer fails (with an error logged) on every shape it really has.
+    A dimension onnxruntime reports as None or as ONNX's ``unk__N`` is known only when the
+    stage runs (NonZero, TopK with k fed, a Reshape to a shape computed from values); a named
+    one is a free dimension of the model's inputs.
+    """
+    for arg in inputs:
+        if arg.type not in _ORT_DTYPES:
+            return f"input {arg.name!r} has type {arg.type}, which cannot be bound by address"
+    if not outputs:
+        return "the stage has no outputs"
+    for arg in outputs:
+        if arg.type not in _ORT_DTYPES:
+            return f"output {arg.name!r} has type {arg.type}, which cannot be bound by address"
+        shape = arg.shape
+        if shape is None or (not shape and not ranked.get(arg.name, True)):
+            return f"output {arg.name!r} has a data-dependent shape (not even its rank is known before it runs)"
+        for k, d in enumerate(shape):
+            if isinstance(d, int) and d >= 0:
+                continue
+            if isinstance(d, str) and d and not d.startswith("unk__"):
+                return (f"output {arg.name!r} has the free dimension {d!r} (dimension {k}); "
+                        "Session(shapes=...) fixes it")
+            return f"output {arg.name!r} has a data-dependent shape (dimension {k} is known only when it runs)"
+    return None
+
+
 class CpuStage:
     """One ``InferenceSession`` for one stage (a :class:`~hetsched.backends.BindableStage`)."""
 
-    def __init__(self, session: ort.InferenceSession, name: str, device: Device):
+    def __init__(self, session: ort.InferenceSession, name: str, device: Device,
+                 model: onnx.ModelProto | None = None):
+        """``model``: the stage model ``session`` was made from; its declared output types tell an
+        output of unknown rank from a scalar (onnxruntime reports both as shape ``[]``)."""
         self._session = session
         self.name = name
         self.device = device
@@ -92,10 +135,13 @@ class CpuStage:
         self._output_list = list(self.output_names)
         probe = session.io_binding()
         self._raw_run = raw if callable(raw) and hasattr(probe, "_iobinding") else None
+        self.unbound_reason: str | None = _unbound_reason(inputs, outputs, _declared_ranked(model))
+        """Why :meth:`output_specs` is None (the session's ``fallback_reason``), decided at compile
+        time so that a dynamic-shape stage is never bound into buffers it would not fit."""
         specs = [_static_spec(o) for o in outputs]
-        bindable_inputs = all(i.type in _ORT_DTYPES for i in inputs)
         self._specs: tuple[TensorSpec, ...] | None = (
-            tuple(s for s in specs if s is not None) if bindable_inputs and None not in specs and specs else None
+            None if self.unbound_reason is not None or None in specs
+            else tuple(s for s in specs if s is not None)
         )
 
     @property
@@ -124,7 +170,8 @@ class CpuStage:
 
     def output_specs(self) -> tuple[TensorSpec, ...] | None:
         """Static (dtype, shape) of every output, or None when some input or output cannot be
-        bound by address (a sequence/map/optional/string type, or a dynamic output shape)."""
+        bound by address (a sequence/map/optional/string type, or an output shape that is
+        symbolic, data-dependent or of unknown rank): :attr:`unbound_reason` says which."""
         return self._specs
 
     def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> None:
@@ -250,7 +297,7 @@ class CpuBackend:
             )
         except Exception as exc:
             raise CompileError(f"onnxruntime could not compile stage {name!r} for {device.name!r}: {exc}") from exc
-        return CpuStage(session, name, device)
+        return CpuStage(session, name, device, model)
 
 
 backend_class: type[Any] = CpuBackend

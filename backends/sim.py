@@ -12,6 +12,7 @@ memory-bound work with the memory clock.
     devices = twin_devices("rk3588")                       # cluster0/4/6, gpu, npu
     async with Session(model, devices=devices) as s: ...
     devices[4]  # Device(name="npu", kind="npu", backend="sim", ...)
+    twin_devices("orin-nx")                                # cluster0/4, gpu, dla:0, dla:1
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ OP_SETS: Mapping[str, Capabilities] = {
     "dla": Capabilities.ops((*_CNN_CORE, "Tanh"), dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
 }
 
-_DEFAULT_OP_SET = {"cpu": "cpu", "gpu": "ampere", "npu": "rknn"}
+_REPORTER_RETRY_S = 1.0
+"""Seconds between two looks for a live twin's load channel under a device's root."""
+
+_DEFAULT_OP_SET = {"cpu": "cpu", "gpu": "ampere", "npu": "rknn", "dla": "dla"}
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,19 @@ class SimStage:
         self._energy = 0.0
         self._last = 0.0
         self._host = 0.0
+        self._local = threading.local()  # per worker thread: (seconds, joules) of its last run
+        root = device.options.get("root")
+        self._root: str | None = str(root) if root is not None else None
+        self._reporter: Any = None
+        self._reporter_checked = -1.0
 
     def modelled(self) -> tuple[float, float]:
         """(seconds, joules) of one run at the current clocks (roofline)."""
+        t, energy, _ = self._roofline()
+        return t, energy
+
+    def _roofline(self) -> tuple[float, float, float]:
+        """(seconds, joules, seconds the memory is busy) of one run at the current clocks."""
         opt = self.device.options
         clock: Callable[[str], int | None] = opt["clock"]
         domain = opt["profile_domain"]
@@ -120,7 +134,7 @@ class SimStage:
         t = max(t_compute, t_mem)
         util = t_compute / t if t > 0 else 0.0
         energy = domain.full_power_w(f) * util * t
-        return t, energy
+        return t, energy, t_mem
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         t0 = time.perf_counter()
@@ -129,13 +143,58 @@ class SimStage:
         return out
 
     def _account(self, host_s: float) -> None:
-        t, e = self.modelled()
+        t, e, t_mem = self._roofline()
+        self._local.last = (t, e)
         with self._lock:
             self._runs += 1
             self._time += t
             self._energy += e
             self._last = t
             self._host += host_s
+        if self._root is not None:
+            self._report(t, t_mem)
+
+    def _report(self, busy_s: float, memory_s: float) -> None:
+        """Tell a live twin under the device's root that its domain was busy ``busy_s`` board
+        seconds and the memory ``memory_s`` (``hetsched/_twin/loadfile.py``), so its loads,
+        heat and governors (the memory controller's too) follow."""
+        reporter = self._reporter
+        if reporter is None:
+            now = time.monotonic()
+            if now - self._reporter_checked < _REPORTER_RETRY_S:
+                return
+            self._reporter_checked = now  # the twin may start after the session: look again later
+            from hetsched._errors import TwinError
+            from hetsched._twin.loadfile import LoadReporter
+
+            try:
+                reporter = self._reporter = LoadReporter.for_root(self._root)  # type: ignore[arg-type]
+            except TwinError:
+                self._root = None  # a tampered channel (a link): never write there
+                return
+            if reporter is None:
+                return
+        opt = self.device.options
+        reporter.report(opt["profile_domain"].name, busy_s)
+        mem = opt.get("memory_domain_profile")
+        if mem is not None and memory_s > 0:
+            reporter.report(mem.name, memory_s)
+
+    def last_run_seconds(self) -> float:
+        """Modelled board seconds of the last run in this thread (the runtime learns these as
+        the stage's cost: the board's time, not the host's)."""
+        last = getattr(self._local, "last", None)
+        return last[0] if last is not None else 0.0
+
+    def last_run_energy_j(self) -> float:
+        """Modelled joules of the last run in this thread."""
+        last = getattr(self._local, "last", None)
+        return last[1] if last is not None else 0.0
+
+    @property
+    def unbound_reason(self) -> str | None:
+        """Why the inner stage cannot run in place from the start (a data-dependent output shape), or None."""
+        return getattr(self._inner, "unbound_reason", None)
 
     def output_specs(self) -> Any:
         """The inner stage's static output specs (None: it cannot run in place)."""
@@ -153,6 +212,9 @@ class SimStage:
             return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host)
 
     def close(self) -> None:
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.close()
         self._inner.close()
 
 
@@ -187,8 +249,14 @@ def twin_devices(
     clock: Callable[[str], int | None] | None = None,
     op_sets: Mapping[str, str] | None = None,
     host: tuple[int, ...] | None = None,
+    root: str | None = None,
 ) -> list[Device]:
-    """One simulated :class:`Device` per compute domain of a twin SoC profile.
+    """One simulated :class:`Device` per compute domain of a twin SoC profile, then one per
+    device-only engine (Orin DLA cores: ``dla:0``, ``dla:1``, domains ``dla0``, ``dla1``).
+
+    A CPU cluster's ``options["role"]`` is its rank among the profile's clusters (``"big"``,
+    ``"little"``, ``"mid"``; ``"cpu"`` when every cluster is alike) and ``options["core"]`` its
+    core name; an accelerator's role is its kind.
 
     :param soc: a profile name (``"rk3588"``, ``"orin-nx"``, ...) or a ``SocProfile``.
     :param clock: ``domain name -> current Hz`` (a live twin's or a SimBoard's clocks);
@@ -196,6 +264,9 @@ def twin_devices(
     :param op_sets: override the op set per domain name (``{"npu": "rknn"}``).
     :param host: host CPUs the stages really run on (default: every usable CPU; each
         device is given one, round-robin, so twin clusters never pin to CPUs the host lacks).
+    :param root: the twin's root the devices belong to: their stages report their modelled
+        busy time to a live twin there (``hetsched/_twin/loadfile.py``), so its loads,
+        temperatures and governors follow the session's work.
     :raises UnknownSocError: unknown profile name.
     """
     from hetsched._twin.profiles import get_profile
@@ -205,18 +276,18 @@ def twin_devices(
     clock_fn: Callable[[str], int | None] = clock or (lambda _name: None)
     mem = next((d for d in profile.domains if d.kind == "memory"), None)
     out: list[Device] = []
-    compute: list[tuple[Any, Literal["cpu", "gpu", "npu"]]] = []
-    for d in profile.domains:
+    compute: list[tuple[Any, Literal["cpu", "gpu", "npu", "dla"]]] = []
+    for d in (*profile.domains, *getattr(profile, "engines", ())):
         kind = d.kind
-        if kind == "cpu" or kind == "gpu" or kind == "npu":
+        if kind == "cpu" or kind == "gpu" or kind == "npu" or kind == "dla":
             compute.append((d, kind))
+    ranks = _cpu_ranks([d for d, kind in compute if kind == "cpu"])
     for i, (d, kind) in enumerate(compute):
         op_set = (op_sets or {}).get(d.name) or _op_set_for(profile, d)
         bw = mem.bandwidth_bps(mem.max_hz) if mem is not None else 1e10
-        role = d.core_name or d.kind
         out.append(
             Device(
-                name=d.name,
+                name=f"dla:{d.name[3:]}" if kind == "dla" else d.name,
                 kind=kind,
                 backend="sim",
                 cpus=(cpus[i % len(cpus)],),
@@ -229,27 +300,51 @@ def twin_devices(
                 peak_flops=d.ops_per_cycle * d.max_hz,
                 mem_bandwidth=bw,
                 options={"clock": clock_fn, "profile_domain": d, "memory_domain_profile": mem,
-                         "op_set": op_set, "soc": profile.name, "role": role, "simulated": True,
-                         "launch_s": launch_seconds(kind)},
+                         "op_set": op_set, "soc": profile.name, "role": ranks.get(d.name, kind),
+                         "core": d.core_name or kind, "simulated": True, "launch_s": launch_seconds(kind),
+                         "root": root},
             )
         )
     return out
 
 
+def _cpu_ranks(clusters: list[Any]) -> dict[str, str]:
+    """Cluster domain name -> ``"big"``/``"little"``/``"mid"`` by (capacity, top clock), as the host's
+    cluster discovery ranks them; ``"cpu"`` for each when they are all alike."""
+    keys = sorted({(d.capacity_dmips_mhz, d.max_hz) for d in clusters})
+    if len(keys) <= 1:
+        return {d.name: "cpu" for d in clusters}
+    out = {}
+    for d in clusters:
+        k = (d.capacity_dmips_mhz, d.max_hz)
+        out[d.name] = "little" if k == keys[0] else "big" if k == keys[-1] else "mid"
+    return out
+
+
 def launch_seconds(kind: str) -> float:
     """The modelled fixed cost of one stage call on a twin device of ``kind`` (the planner's
-    prior for that kind, ``hetsched._planning.costs.LAUNCH_S``)."""
+    prior for that kind, ``hetsched._planning.costs.LAUNCH_S``). A DLA task is submitted
+    through the same host1x channel queue as a GPU job, so a DLA gets the GPU's prior when the
+    planner has none of its own."""
     from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S
 
+    if kind == "dla" and "dla" not in LAUNCH_S:
+        kind = "gpu"
     return LAUNCH_S.get(kind, STAGE_OVERHEAD_S)
 
 
 def _op_set_for(profile: Any, domain: Any) -> str:
-    """The op set of ``domain``: the profile's accelerator op set for its kind, else ``cpu``."""
-    return str(profile.quirks.op_sets.get(domain.kind, "cpu"))
+    """The op set of ``domain``: the profile's accelerator op set for its kind; a DLA engine's is
+    ``dla`` (TensorRT's DLA limits) unless the profile says otherwise; else ``cpu``."""
+    default = "dla" if domain.kind == "dla" else "cpu"
+    return str(profile.quirks.op_sets.get(domain.kind, default))
 
 
 backend_class = SimBackend
+
+# jetson_stats' engine clocks (jtop/core/engine.py): debugfs, one directory per engine clock.
+_DEBUG_CLK_DIR = "sys/kernel/debug/clk"
+_MAX_DLA_CORES = 2
 
 
 def clock_from_root(root: str) -> Callable[[str], int | None]:
@@ -257,8 +352,9 @@ def clock_from_root(root: str) -> Callable[[str], int | None]:
 
     CPU clusters ``cluster<N>`` read ``cpufreq/policyN/scaling_cur_freq`` (kHz); ``gpu``,
     ``npu`` and ``memory`` read their devfreq ``cur_freq`` (Hz), Jetson EMC its bpmp
-    ``rate``. Paths are discovered once; an unreadable file gives None (the caller then
-    assumes the top OPP).
+    ``rate``; Jetson DLA cores ``dla<N>`` the debugfs engine clock ``dla<N>_core/clk_rate``
+    (Hz) where the tree has one. Paths are discovered once; an unreadable file gives None
+    (the caller then assumes the top OPP).
     """
     from hetsched._platform import SysfsRoot, discover
     from hetsched._platform.jetson import EMC_DIR
@@ -273,6 +369,10 @@ def clock_from_root(root: str) -> Callable[[str], int | None]:
             paths.setdefault(d.kind, (f"{d.path}/cur_freq", 1))
         elif d.source == "bpmp":
             paths.setdefault(d.kind, (f"{EMC_DIR}/rate", 1))
+    for n in range(_MAX_DLA_CORES):
+        rate = f"{_DEBUG_CLK_DIR}/dla{n}_core/clk_rate"
+        if fs.exists(rate):
+            paths[f"dla{n}"] = (rate, 1)
 
     def clock(domain: str) -> int | None:
         entry = paths.get(domain)

@@ -78,6 +78,7 @@ class Adapter:
         self._closed_gens: set[int] = set()
         self._close_lock = threading.Lock()
         self._retired_energy = 0.0
+        self._retired_busy: dict[str, float] = {}
         self.failover: Failover | None = None
         if config is not None:
             self.failover = Failover(config.quarantine_after, self.on_device_failed)
@@ -231,10 +232,22 @@ class Adapter:
             close_states(w.take_states(gen.stages))
         for st in gen.stages:
             stats = getattr(st.compiled, "statistics", None)
-            energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
-            if isinstance(energy, (int, float)):
-                self._retired_energy += float(energy)
+            snap = stats() if callable(stats) else None
+            energy = getattr(snap, "modelled_energy_j", None)
+            seconds = getattr(snap, "modelled_time_s", None)
+            with self._close_lock:
+                if isinstance(energy, (int, float)):
+                    self._retired_energy += float(energy)
+                if isinstance(seconds, (int, float)):
+                    self._retired_busy[st.device] = self._retired_busy.get(st.device, 0.0) + float(seconds)
             st.compiled.close()
+        self._scheduler.forget(gen)
+
+    @property
+    def retired_busy_s(self) -> dict[str, float]:
+        """Modelled busy seconds per device of the stages of plans already closed."""
+        with self._close_lock:
+            return dict(self._retired_busy)
 
     @property
     def retired_energy_j(self) -> float:

@@ -484,7 +484,8 @@ class Session:
             transfers=self._engine.statistics() if self._engine is not None else None,
             compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
             **energy_fields(self._scheduler, self._stages,
-                            self._adapter.retired_energy_j if self._adapter is not None else 0.0),
+                            self._adapter.retired_energy_j if self._adapter is not None else 0.0,
+                            self._adapter.retired_busy_s if self._adapter is not None else {}),
             replanning=self._adapter.statistics() if self._adapter is not None else ReplanStatistics(),
             failover=(self._adapter.failover.statistics()
                       if self._adapter is not None and self._adapter.failover is not None else None),

@@ -76,6 +76,10 @@ class SessionStatistics:
     """Re-plans while serving and why the last one happened."""
     failover: FailoverStatistics | None = None
     """Device failures, re-submitted requests, quarantined devices (None: failover off)."""
+    device_busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per device, the board seconds its stage runs kept it busy, where the backends model or
+    measure them (a twin's devices: the modelled time of each run at its clocks), plans
+    re-placed away included. On a twin, the largest is the pipeline's board time."""
     allocation_failures: int = 0
     """Stage runs whose pool buffers could not be allocated (they ran unbound, still bound after)."""
 
@@ -86,18 +90,25 @@ class SessionStatistics:
 
 
 
-def energy_fields(sch: Scheduler | None, current: Sequence[StageRuntime], retired_j: float) -> dict[str, Any]:
-    """``energy_j``, ``energy_source`` and ``stage_energy_j`` of :class:`SessionStatistics`, from
-    the stages' own reports (a twin stage's ``statistics().modelled_energy_j``) of every plan
-    still open, plus ``retired_j`` of the plans already closed."""
+def energy_fields(sch: Scheduler | None, current: Sequence[StageRuntime], retired_j: float,
+                  retired_busy: Mapping[str, float]) -> dict[str, Any]:
+    """``energy_j``, ``energy_source``, ``stage_energy_j`` and ``device_busy_s`` of
+    :class:`SessionStatistics`, from the stages' own reports (a twin stage's ``statistics()``:
+    ``modelled_energy_j``, ``modelled_time_s``) of every plan still open, plus those of the
+    plans already closed (``retired_j``, ``retired_busy``)."""
     per_stage: dict[str, float] = {}
+    busy = dict(retired_busy)
     stages = [st for gen in sch.live_generations() for st in gen.stages] if sch is not None else list(current)
     now = {id(st) for st in current}
     total = 0.0
     found = retired_j > 0
     for st in stages:
         stats = getattr(st.compiled, "statistics", None)
-        energy = getattr(stats() if callable(stats) else None, "modelled_energy_j", None)
+        snap = stats() if callable(stats) else None
+        seconds = getattr(snap, "modelled_time_s", None)
+        if isinstance(seconds, (int, float)):
+            busy[st.device] = busy.get(st.device, 0.0) + float(seconds)
+        energy = getattr(snap, "modelled_energy_j", None)
         if not isinstance(energy, (int, float)):
             continue
         found = True
@@ -105,7 +116,7 @@ def energy_fields(sch: Scheduler | None, current: Sequence[StageRuntime], retire
         if id(st) in now:
             per_stage[st.name] = float(energy)
     return {"energy_j": total + retired_j if found else None, "energy_source": "modelled" if found else None,
-            "stage_energy_j": MappingProxyType(per_stage)}
+            "stage_energy_j": MappingProxyType(per_stage), "device_busy_s": MappingProxyType(busy)}
 
 
 class BoardSampler:

@@ -241,7 +241,11 @@ def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[in
         flops = sum(node_costs[n].flops for n in spec.nodes)
         nbytes = sum(node_costs[n].bytes for n in spec.nodes)
         est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
-        out.append(StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain))
+        rt = StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain)
+        reason = getattr(res, "unbound_reason", None)
+        if not rt.bound and isinstance(reason, str) and reason:
+            rt.fallback_reason = reason  # the backend's own words: which output, and why
+        out.append(rt)
     return out, failures
 
 

@@ -49,7 +49,7 @@ def indexes() -> dict[str, GraphIndex]:
 
 def _rknn_and_clusters(root: Path) -> list[Device]:
     """The RKNN NPU plus the board's CPU clusters as the device resolver reads them under ``root``
-    (plans only: the clusters' cores need not exist on this host)."""
+    (a board root: the twin's clusters ``cluster4``, ``cluster6``, ``cluster0``; plans only)."""
     return resolve_devices(["npu", "big", "little"], root=root, available_cpus=range(8))
 
 
@@ -111,9 +111,9 @@ def test_a_hand_off_into_the_npu_pays_its_launch_and_a_cache_sync(twin_root: Pat
                                                                   indexes: dict[str, GraphIndex]) -> None:
     devices = _rknn_and_clusters(twin_root)
     plan = build_plan(indexes["light_squeezenet"], devices)
-    into_npu = plan.problem.links[("cpu:0-3", "npu")]
-    into_cpu = plan.problem.links[("npu", "cpu:0-3")]
-    cpu_cpu = plan.problem.links[("cpu:0-3", "cpu:4-5")]
+    into_npu = plan.problem.links[("cluster0", "npu")]
+    into_cpu = plan.problem.links[("npu", "cluster0")]
+    cpu_cpu = plan.problem.links[("cluster0", "cluster4")]
     assert into_npu.latency_s - cpu_cpu.latency_s == pytest.approx(LAUNCH_S["npu"] - LAUNCH_S["cpu"])
     assert into_cpu.latency_s == cpu_cpu.latency_s
     assert into_npu.seconds_per_byte > 0 and into_cpu.seconds_per_byte > 0  # same DRAM, still synced

@@ -16,8 +16,8 @@ from hetsched import (
     DeviceFailedError,
     Event,
     Hooks,
-    Replanning,
     ReplanInfo,
+    Replanning,
     RuntimeStateError,
     Session,
     StageExecutionError,
@@ -344,3 +344,35 @@ def test_replanning_rejects_bad_thresholds() -> None:
         Replanning(quarantine_after=0)
     with pytest.raises(TypeError, match="Replanning"):
         Session(_chain(), replanning=0.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_an_allocation_failure_runs_unbound_once_leaks_nothing_and_keeps_the_stage_bound(
+        anyio_backend: str) -> None:
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["t"], name="neg"), helper.make_node("Abs", ["t"], ["y"], name="abs")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]), opset_imports=[helper.make_operatorsetid("", 17)])
+    async with Session(model, devices=["cpu:0", "cpu:0-1"], max_unit_nodes=1,
+                       policy=Pinned({"neg": "cpu:0", "abs": "cpu:0-1"})) as s:
+        pool = s.pools["host"]
+        real = pool.acquire_nowait
+        calls = {"n": 0}
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise MemoryError("mmap failed (made to fail by the test)")
+            return real(*args, **kwargs)
+
+        pool.acquire_nowait = flaky  # type: ignore[method-assign]
+        for i in range(4):
+            out = await s.run({"x": _x(i)}, zero_copy=True)
+            with out:
+                np.testing.assert_array_equal(out["y"], np.abs(_x(i)))
+        stats = s.statistics()
+        assert stats.allocation_failures == 1
+        assert dict(stats.unbound_stages) == {}  # a transient failure demotes nothing
+        assert stats.stage_runs_bound >= 6
+        assert stats.stage_runs_unbound == 1
+    # and every buffer came back: closing raised no BufferLeakError

@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetsched import (
     BackendUnavailableError,
     Device,
+    DeviceFailedError,
     EventInfo,
     Hooks,
     Session,
@@ -332,7 +333,11 @@ class _Gate(Hooks):
             self.release.wait(60)
 
 
-async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin_root: Path, anyio_backend: str):
+@pytest.mark.parametrize("failover", [False, True], ids=["no-failover", "failover"])
+async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin_root: Path, anyio_backend: str,
+                                                                            failover: bool):
+    """Without failover the requests the dead worker had fail (DeviceFailedError naming the
+    device); with it (the default) they start over on a new worker process and all succeed."""
     model = conv_net(seed=2)
     gate = _Gate("npu:0")
     before = set(_toolkit_children())
@@ -347,7 +352,7 @@ async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin
 
     with anyio.fail_after(120):
         async with Session(model, devices=_devices(twin_root, "npu:0"), root=twin_root, policy=npu_where_possible,
-                           hooks=[gate]) as s:
+                           hooks=[gate], **({} if failover else {"replanning": None})) as s:
             (stage,) = _rknn_stages(s)
             runs0 = stage.statistics().runs
             workers = set(_toolkit_children()) - before
@@ -359,13 +364,18 @@ async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin
                 await anyio.to_thread.run_sync(gate.entered.wait, 60)
                 os.kill(pid, signal.SIGKILL)  # while the first request is inside the stage
                 gate.release.set()
-            assert errors, "a request ran on a killed worker without failing"
-            for err in errors:
-                assert isinstance(err, StageExecutionError) and err.device == "npu:0"
-                assert "npu:0" in str(err)
-            assert len(errors) + len(done) == 4
-            assert s.statistics().requests_failed == len(errors)
-            assert stage.statistics().runs - runs0 == len(done)
+            if failover:
+                assert not errors and len(done) == 4
+                fo = s.statistics().failover
+                assert fo is not None and fo.failures["npu:0"] >= 1 and fo.resubmitted >= 1
+            else:
+                assert errors, "a request ran on a killed worker without failing"
+                for err in errors:
+                    assert isinstance(err, DeviceFailedError) and err.device == "npu:0"
+                    assert "npu:0" in str(err)
+                assert len(errors) + len(done) == 4
+                assert s.statistics().requests_failed == len(errors)
+                assert stage.statistics().runs - runs0 == len(done)
     _wait_until(lambda: _state(pid) is None and not set(_toolkit_children()) - before, 10)
     assert _state(pid) is None, f"worker {pid} left behind in state {_state(pid)}"  # reaped: no zombie
     assert set(_toolkit_children()) <= before

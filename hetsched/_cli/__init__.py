@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hetsched",
         description="Heterogeneous edge SoC runtime: ONNX partitioning, placement, scheduling and DVFS.",
     )
+    from hetsched import __version__
+
+    parser.add_argument("--version", action="version", version=f"hetsched {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMAND_MODULES:
         try:

@@ -41,8 +41,10 @@ def default_host_devices() -> list[str]:
 
 def add_devices_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", nargs="+", metavar="SPEC",
-                   help="device specs: cpu, cpu:N, cpu:N-M, cpu:N,M, big, little, clusters "
-                        "(default: each host core plus all cores)")
+                   help="device specs: cpu, cpu:N, cpu:N-M, cpu:N,M, big, little, clusters (default: each host "
+                        "core plus all cores); on a board (--root DIR of a twin, --soc) also gpu, npu, npu:N, "
+                        "dla:N and the board's device names (cluster4, ...); a spec the board lacks is an error "
+                        "listing the board's specs")
     p.add_argument("--policy", default="power-thermal",
                    help="power-thermal (default), heft, random[:SEED], pinned:DEVICE, or an entry point name")
     p.add_argument("--max-unit-nodes", type=int, default=None, metavar="N",
@@ -83,37 +85,73 @@ def board_devices(root: str) -> list[Any]:
     if soc is None:
         raise UnknownSocError(f"no known SoC in the tree under {root!r} (device-tree compatible / "
                               "nv_tegra_release); write one with 'hetsched twin SOC --root DIR --once'")
-    return twin_devices(soc, clock=clock_from_root(root))
+    return twin_devices(soc, clock=clock_from_root(root), root=root)
 
 
 def select_devices(specs: Sequence[str] | None, root: str | None) -> list[Any]:
     """The devices of ``--devices`` / ``--root``.
 
-    Without ``root``: ``specs`` (default: each host core plus all of them). With ``root`` and no
-    ``specs``: the board's simulated devices. With both: each spec as the device resolver reads
-    it under ``root`` (``cpu:N``, and the accelerators a backend finds there, e.g. an NPU), else
-    the board's simulated device of that name (``cluster4``, ``gpu``, ...).
+    Without ``root``, or with the host's ``/``: ``specs`` as the device resolver reads them on this
+    host (default: each host core plus all of them); never a simulator on a real board. With a
+    board's tree (a twin's root): the resolver's board devices, ``specs`` picking some of them
+    (default: every cluster, the GPU, the DLA cores and the RK3588 NPU when its toolkit exists;
+    ``hetsched plan`` prints why one is left out).
 
-    :raises DeviceSpecError: a spec is neither (the message lists the board's device names).
-    :raises UnknownSocError: ``root`` holds no known SoC.
+    :raises DeviceSpecError: a spec the host or the board lacks (the message lists the board's specs).
+    :raises UnknownSocError: ``root`` is not ``/`` and holds no known SoC.
     """
-    if root is None:
-        return list(specs or default_host_devices())
-    twins = {d.name: d for d in board_devices(root)}
-    if not specs:
-        return list(twins.values())
-    from hetsched._errors import DeviceSpecError
+    from hetsched._planning.board_devices import board_soc
     from hetsched._planning.devices import resolve_devices
+    from hetsched._platform import SysfsRoot
 
+    if root is None or SysfsRoot(root).is_host_root:
+        return list(specs or default_host_devices())
+    if board_soc(SysfsRoot(root)) is None:
+        from hetsched._errors import UnknownSocError
+
+        raise UnknownSocError(f"no known SoC in the tree under {root!r} (device-tree compatible / "
+                              "nv_tegra_release); write one with 'hetsched twin SOC --root DIR --once'")
+    return resolve_devices(list(specs) if specs else None, root=root)
+
+
+def soc_devices(soc: str, specs: Sequence[str] | None) -> list[Any]:
+    """The devices of ``--soc SOC`` (a twin with no tree), ``specs`` picking some of them as on a
+    board root; ``npu`` is the twin's simulated NPU (one device: its cores need a twin's tree,
+    ``--root``), ``cpu:LIST`` the host's cores.
+
+    :raises UnknownSocError: unknown ``soc``.
+    :raises DeviceSpecError: a spec the board lacks (the message lists its specs), or duplicates.
+    """
+    from hetsched._errors import DeviceSpecError
+    from hetsched._planning.board_devices import BoardRoot, resolve_board_spec
+    from hetsched._planning.devices import NPU_SPECS, resolve_devices
+    from hetsched.backends.sim import twin_devices
+
+    twins = twin_devices(soc)
+    if not specs:
+        return twins
+    sim_npu = next((d for d in twins if d.kind == "npu"), None)
+
+    def npu(spec: str) -> Any:
+        if spec != "npu" or sim_npu is None:
+            raise DeviceSpecError(f"device spec {spec!r}: --soc {soc} simulates the NPU as one device, 'npu'; "
+                                  f"its cores are the RKNN backend's on a twin's tree (hetsched twin {soc} --root DIR "
+                                  "--once, then --root DIR)")
+        return sim_npu
+
+    board = BoardRoot(soc=soc, root="", twins=tuple(twins), npu=npu if sim_npu is not None else None,
+                      label=f"of --soc {soc}")
     out: list[Any] = []
     for spec in specs:
-        try:
-            out.extend(resolve_devices([spec], root=root))
-        except DeviceSpecError as exc:
-            if spec not in twins:
-                raise DeviceSpecError(f"{exc}; the board under {root!r} has the simulated devices "
-                                      f"{sorted(twins)}") from exc
-            out.append(twins[spec])
+        s = spec.strip().lower()
+        if s.startswith("cpu:"):
+            out.extend(resolve_devices([spec]))
+        else:
+            out.extend(resolve_board_spec(spec, s, board, tuple(NPU_SPECS)))
+    names = [d.name for d in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise DeviceSpecError(f"duplicate devices: {dupes}")
     return out
 
 

@@ -15,7 +15,7 @@ import time
 import anyio
 import numpy as np
 
-from ._common import DEFAULT_MODEL, add_devices_args, default_host_devices, light_model, random_feeds
+from ._common import DEFAULT_MODEL, add_devices_args, light_model, random_feeds, select_devices, soc_devices
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_devices_args(p)
     p.set_defaults(max_unit_nodes=8)
     p.add_argument("--soc", metavar="SOC", help="place and run on a simulated board (SoC twin): rk3588, orin-nx, "
-                   "orin-agx, orin-nano; prints each stage's modelled time and energy")
+                   "orin-agx, orin-nano; prints each stage's modelled time and energy; with --devices, some of "
+                   "its devices (cluster4, gpu, npu, dla:0, big, ...)")
+    p.add_argument("--root", metavar="DIR", help="place and run on the board whose sysfs tree is under DIR (a twin's "
+                   "root, see 'hetsched twin'); with --devices, some of its devices")
     p.add_argument("--requests", type=int, default=20, metavar="N")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of tables")
     p.set_defaults(func=main)
@@ -36,15 +39,13 @@ def main(args: argparse.Namespace) -> int:
     from hetsched import HetschedError, Session
 
     path = light_model(args.model)
-    if args.soc:
-        from hetsched.backends.sim import twin_devices
-
-        devices: list = twin_devices(args.soc)
-    else:
-        devices = args.devices or default_host_devices()
+    if args.soc and args.root:
+        raise SystemExit("hetsched demo: --soc and --root both name the board; give one (--root for a twin's tree)")
+    devices = soc_devices(args.soc, args.devices) if args.soc else select_devices(args.devices, args.root)
 
     async def go() -> int:
-        async with Session(path, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes) as s:
+        async with Session(path, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
+                           root=args.root or "/") as s:
             feeds = random_feeds(s.get_inputs())
             ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
             out = await s.run(None, feeds)
@@ -84,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
 
             sim = modelled_rows(s)
             if sim:
-                summary["soc"] = args.soc
+                summary["soc"] = args.soc or _root_soc(args.root)
                 summary["modelled"] = sim
             if args.json:
                 print(json.dumps(summary))
@@ -100,7 +101,14 @@ def main(args: argparse.Namespace) -> int:
             print(f"{n_conc} concurrent requests, pipelined: {summary['pipelined_throughput_rps']:.1f} req/s")
             print(f"{streamed} requests as one stream (Session.map): {summary['stream_throughput_rps']:.1f} req/s")
             if sim:
-                print_modelled(sim, str(args.soc))
+                print_modelled(sim, str(args.soc or f"board under {args.root}"))
         return 0
 
     return anyio.run(go)
+
+
+def _root_soc(root: str | None) -> str | None:
+    from hetsched._planning.board_devices import board_soc
+    from hetsched._platform import SysfsRoot
+
+    return board_soc(SysfsRoot(root)) if root else None

@@ -2,7 +2,9 @@
 
 ``--json`` prints :meth:`Plan.to_json`: ``stages`` (each with ``name``, ``device``, ``backend``,
 ``nodes`` (a count), ``flops`` (analytic), ...), ``units``, ``devices`` and ``refused`` (the units
-a backend refused to compile on a device its op list offered, with the backend's reason).
+a backend refused to compile on a device its op list offered, with the backend's reason); with
+``--root`` and no ``--devices`` also ``device_notes``: what the board's default devices left out
+and why (the RK3588 NPU without its toolkit), which the table output prints as ``note:`` lines.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_resnet50)")
     add_devices_args(p)
     p.add_argument("--root", metavar="DIR", help="plan for the board whose sysfs tree is under DIR (a twin's root): "
-                   "its devices; with --devices, some of them by name (or devices found under DIR, e.g. an NPU)")
+                   "its devices (notes say what the default list leaves out); with --devices, some of them "
+                   "(gpu, npu:0, dla:1, big, cluster4, ...)")
     add_shape_arg(p)
     add_int8_args(p)
     p.add_argument("--profile", action="store_true", help="measure units on each device, then re-plan")
@@ -44,6 +47,11 @@ def main(args: argparse.Namespace) -> int:
     shapes = parse_shapes(args.shape, "hetsched plan")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched plan")
     devices = select_devices(args.devices, args.root)
+    notes: list[str] = []
+    if args.root and not args.devices:
+        from hetsched._planning.devices import board_device_notes
+
+        notes = board_device_notes(args.root)
 
     async def go() -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
@@ -54,9 +62,13 @@ def main(args: argparse.Namespace) -> int:
             if args.json:
                 data = s.plan.to_json()
                 data["stages"] = with_accuracy(s, data["stages"])
+                if args.root and not args.devices:
+                    data["device_notes"] = notes
                 print(json.dumps(data, indent=1))
             else:
                 print(f"policy: {s.plan.placement.policy}; devices: {', '.join(d.name for d in s.devices)}")
+                for note in notes:
+                    print(f"note: {note}")
                 print(s.plan.table())
         return 0
 

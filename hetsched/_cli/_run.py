@@ -54,8 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="force the progress bar, and print a line per stage compile from the first one")
     add_compile_progress_args(p, progress_flag=False)
     p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
-                   "its devices are simulated, stages report modelled time and energy at the tree's clocks; "
-                   "with --devices, pick some of them by name (or devices found under DIR, e.g. an NPU)")
+                   "its devices are simulated (the RK3588 NPU is the RKNN backend's), stages report modelled "
+                   "time and energy at the tree's clocks; with --devices, some of them (gpu, npu:0, dla:1, big, "
+                   "cluster4, ...); --root / is this host's real cores")
     add_shape_arg(p)
     add_int8_args(p)
     p.add_argument("--check", action="store_true",

@@ -1,4 +1,8 @@
-"""Device specs (``"cpu:0-3"``, ``"big"``, ``"npu:0-1"``) and the host's CPU clusters from sysfs."""
+"""Device specs (``"cpu:0-3"``, ``"big"``, ``"npu:0-1"``) and the host's CPU clusters from sysfs.
+
+On a board root (a twin's tree: see :mod:`hetsched._planning.board_devices`) the specs name the
+board's devices instead; on the host's ``/`` they name its cores (and an RK3588's NPU).
+"""
 
 from __future__ import annotations
 
@@ -14,10 +18,19 @@ from .._platform import devfreq, rknpu, soc
 from .._platform._fs import SysfsRoot
 from .._platform.cpufreq import CPU_DIR
 from .._platform.discovery import read_clusters
+from .board_devices import (
+    BoardRoot,
+    board_device_notes,
+    board_root,
+    board_specs,
+    default_board_devices,
+    resolve_board_spec,
+)
 
 __all__ = [
     "NPU_SPECS",
     "CpuCluster",
+    "board_device_notes",
     "discover_cpu_clusters",
     "host_cpus",
     "parse_cpulist",
@@ -95,6 +108,19 @@ def _npu_device(spec: str, fs: SysfsRoot) -> Device:
         mem_bandwidth=bandwidth,
         options=options,
     )
+
+
+_GPU_LIKE = ("gpu", "dla")
+
+
+def _board_spec(spec: str, s: str, board: BoardRoot, fs: SysfsRoot) -> list[Device]:
+    """``spec`` on a board root; an NPU spec on a board without one says what was looked for."""
+    if s in NPU_SPECS and board.npu is None:
+        try:
+            _npu_device(s, fs)
+        except DeviceSpecError as exc:
+            raise DeviceSpecError(f"{exc}; the {board.soc} board's specs: {', '.join(board_specs(board))}") from exc
+    return resolve_board_spec(spec, s, board, tuple(NPU_SPECS))
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
@@ -240,13 +266,25 @@ def resolve_devices(
     Accepted specs: a ``Device``; ``"cpu"`` (all usable CPUs as one device);
     ``"cpu:0"``, ``"cpu:0-1"``, ``"cpu:4,5"`` (pinned to those cores); ``"big"``,
     ``"little"``, ``"mid"`` (each host cluster of that rank); ``"clusters"`` (every
-    host cluster). ``None`` means every host cluster.
+    host cluster); on an RK3588 ``"npu"``, ``"npu:N"``, ``"npu:0-1"``, ``"npu:0-2"``.
+    ``None`` means every host cluster.
 
-    :raises DeviceSpecError: unparseable spec, CPUs the host lacks, or duplicate names.
+    On a board root (``root`` is a tree, not ``/``, whose device tree names a SoC with a twin
+    profile) the board's devices are meant instead: ``None`` is every CPU cluster, the GPU,
+    the DLA cores and the RK3588 NPU (when the RKNN toolkit exists; :func:`board_device_notes`
+    says why it is left out otherwise), and ``cpu``/``clusters``/``big``/``little``/``mid``,
+    ``gpu``, ``npu...``, ``dla:N`` and the twin's device names pick some of them (see
+    :mod:`hetsched._planning.board_devices`); ``cpu:LIST`` stays the host's cores.
+
+    :raises DeviceSpecError: unparseable spec, CPUs the host lacks, duplicate names, a spec the
+        board under ``root`` lacks (the message lists its specs), or ``gpu``/``dla`` off a board
+        root (no GPU backend exists yet for a real board).
     """
     usable = tuple(available_cpus) if available_cpus is not None else host_cpus()
+    fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
+    board = board_root(fs, host=usable, npu=_npu_device)
     if specs is None:
-        specs = ["clusters"]
+        specs = default_board_devices(board) if board is not None else ["clusters"]
     elif isinstance(specs, (str, Device)):
         specs = [specs]
     out: list[Device] = []
@@ -258,12 +296,21 @@ def resolve_devices(
         if not isinstance(spec, str):
             raise DeviceSpecError(f"device spec must be a string or Device, got {type(spec).__name__}")
         s = spec.strip().lower()
+        if board is not None and not s.startswith("cpu:"):
+            out.extend(_board_spec(spec, s, board, fs))
+            continue
+        if s in _GPU_LIKE or s.startswith(("gpu:", "dla:")):
+            raise DeviceSpecError(
+                f"device spec {spec!r}: no GPU/DLA backend exists yet for a real board (the TensorRT backend is "
+                f"to come); the tree under {str(fs.root)!r} is not a board root with a twin (a twin's root, where "
+                f"{spec!r} is its simulated device)"
+            )
         if s in NPU_SPECS:
-            out.append(_npu_device(s, root if isinstance(root, SysfsRoot) else SysfsRoot(root)))
+            out.append(_npu_device(s, fs))
             continue
         if s in ("clusters", "big", "little", "mid"):
             if clusters is None:
-                clusters = [c for c in discover_cpu_clusters(root) if c.cpus]
+                clusters = [c for c in discover_cpu_clusters(fs) if c.cpus]
             chosen = [c for c in clusters if s == "clusters" or c.role == s]
             if not chosen and s == "big" and len(clusters) == 1:
                 chosen = clusters  # a homogeneous host: its one cluster is both big and little
@@ -303,7 +350,7 @@ def resolve_devices(
         freq = None
         cap = 1024.0
         dom = None
-        for c in discover_cpu_clusters(root) if clusters is None else clusters:
+        for c in discover_cpu_clusters(fs) if clusters is None else clusters:
             if set(cpus) <= set(c.cpus):
                 freq, cap, dom = c.max_freq_khz, c.capacity, c.domain
         per_core = _FLOPS_PER_CYCLE * (freq or _DEFAULT_FREQ_KHZ) * 1e3 * cap / 1024.0

@@ -129,11 +129,11 @@ class Failover:
             if self._pending:
                 return []  # another quarantine's plan is still coming: they wait for that one
             parked, self._parked = self._parked, []
-            return [(req, self._errors.pop(id(req), None) or RuntimeError("device failed")) for req in parked]
-
-    def error_of(self, req: Any) -> BaseException | None:
-        with self._lock:
-            return self._errors.pop(id(req), None)
+            out: list[tuple[Any, BaseException]] = []
+            for req in parked:
+                err = self._errors.pop(id(req), None)
+                out.append((req, err if err is not None else RuntimeError(f"device {device!r} failed")))
+            return out
 
     def drain(self) -> list[tuple[Any, BaseException | None]]:
         """Every parked request (the session is closing)."""

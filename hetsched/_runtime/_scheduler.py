@@ -192,7 +192,8 @@ class Scheduler(StageRunner):
                    on_drained: Callable[[Generation], None] | None = None) -> Generation:
         """Install a plan's stages: requests made from now on use them (any admitted before
         finish on theirs). The previous plan retires: ``on_drained(old)`` runs once its last
-        request is gone (in that request's thread; default: nothing, the owner closes it).
+        request is gone (in that request's thread); the owner closes its stages, then calls
+        :meth:`forget` (default: it is just forgotten).
         Requests parked for a plan without a quarantined device start over on this one."""
         gen = Generation(next(self._generations), stages, output_source, self.topology, self.host)
         old, self.generation = self.generation, gen
@@ -201,20 +202,19 @@ class Scheduler(StageRunner):
         if old is not None:
             self.flush_costs(old.stages)
 
-            def drained(g: Generation) -> None:
-                self._live.pop(g.number, None)
-                if on_drained is not None:
-                    on_drained(g)
-
-            old.retire(drained)
+            old.retire(on_drained if on_drained is not None else self.forget)
         if self.failover is not None:
             for req in self.failover.installed():
                 self.restart(req, counted=True)
         return gen
 
     def live_generations(self) -> list[Generation]:
-        """The current plan's generation and the retired ones still draining."""
+        """The current plan's generation and the retired ones not closed yet."""
         return list(self._live.values())
+
+    def forget(self, gen: Generation) -> None:
+        """``gen``'s stages are closed: it is no longer live (any thread)."""
+        self._live.pop(gen.number, None)
 
     def restart(self, req: Request, counted: bool = False) -> None:
         """Start ``req`` over on the current plan (any thread): it was parked after a device

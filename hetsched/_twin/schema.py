@@ -27,6 +27,7 @@ from .._errors import UnknownSocError
 
 __all__ = [
     "DomainProfile",
+    "EngineProfile",
     "NvpModel",
     "Opp",
     "RailProfile",
@@ -139,6 +140,44 @@ class DomainProfile:
     def bandwidth_bps(self, hz: int) -> float:
         """Achievable DRAM bandwidth at memory clock ``hz`` (memory domains)."""
         return hz * self.bytes_per_cycle * self.bandwidth_efficiency
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """A compute engine the twin models as a device only (an Orin DLA core): its stages' time and
+    energy at its clock, as for a :class:`DomainProfile`, with no place in the physics, the tree's
+    devfreq nodes or the governors (see :attr:`SocProfile.engines`)."""
+
+    name: str
+    kind: Literal["dla"]
+    opps: tuple[Opp, ...]
+    """Ascending by frequency."""
+    capacitance: float
+    """Energy-model coefficient per unit, uW / (mV^2 * MHz), as for a domain."""
+    ops_per_cycle: float
+    """Useful ops (MAC = 2) per clock at full utilisation."""
+    units: int = 1
+    thermal_node: str = "soc"
+    """The thermal node its heat would go to (informative: the physics leaves engines out)."""
+    core_name: str = ""
+    capacity_dmips_mhz: int = 1024
+
+    @property
+    def available_hz(self) -> tuple[int, ...]:
+        return tuple(o.freq_hz for o in self.opps)
+
+    @property
+    def max_hz(self) -> int:
+        return self.opps[-1].freq_hz
+
+    def voltage_at(self, hz: int) -> float:
+        """Voltage of the OPP at ``hz`` (nearest OPP at or above it)."""
+        return next((o.voltage_mv for o in self.opps if o.freq_hz >= hz), self.opps[-1].voltage_mv)
+
+    def full_power_w(self, hz: int) -> float:
+        """Dynamic power with every unit fully busy at ``hz`` (the domains' energy model)."""
+        v = self.voltage_at(hz)
+        return self.capacitance * v * v * (hz / 1e6) / 1e12 * self.units
 
 
 @dataclass(frozen=True)
@@ -314,6 +353,11 @@ class SocProfile:
     """``[key] what was taken from it``, one per public source; ``docs/sources.md`` resolves the keys."""
     assumed: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Dotted field path -> why that figure was assumed (no public source gives it)."""
+    engines: tuple[EngineProfile, ...] = ()
+    """Compute engines the twin models as devices only (Orin DLA cores): a stage on one gets its
+    modelled time and energy from the engine's profile at its clock, but the physics, the tree's
+    devfreq nodes and the governors know only :attr:`domains` (no public source gives a DLA's
+    power, voltages or thermal coupling to calibrate them against)."""
 
     @property
     def variants(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from ..schema import (
     DomainProfile,
+    EngineProfile,
     NvpModel,
     Opp,
     RailProfile,
@@ -25,7 +26,7 @@ from ..schema import (
     read_only,
 )
 
-__all__ = ["ORIN_EMC_HZ", "orin_profile", "orin_quirks", "p3767_rails"]
+__all__ = ["ORIN_EMC_HZ", "dla_engines", "orin_profile", "orin_quirks", "p3767_rails"]
 
 ORIN_EMC_HZ = (204_000_000, 665_600_000, 2_133_000_000, 3_199_000_000)
 """[orin-emc] bpmp ``clk/emc`` rates seen on an AGX Orin."""
@@ -55,6 +56,8 @@ _SOURCES = (
     "[tegrastats] tegrastats sample lines: idle VDD_IN 3.3-5.8 W, rails, 1/32 C (reference: docs/sources.md)",
     "[practitioner-yolo] practitioner article, Orin NX YOLOv5s INT8 split CPU 1.2 W, GPU 2.9 W, DDR 1.4 W "
     "(reference: docs/sources.md)",
+    "[orin-dla] NVIDIA Jetson module comparison and AGX Orin technical brief: NVDLA v2.0 cores per module "
+    "(AGX 2, NX 16GB 2, NX 8GB 1, Nano 0) and their sparse INT8 TOPS (reference: docs/sources.md)",
 )
 
 _ASSUMED = {
@@ -83,11 +86,23 @@ _ASSUMED = {
     "temp_step_c": "BPMP thermal resolution taken as 1/32 C ([tegrastats] shows e.g. 48.125C)",
     "board_static_w": "module static power so idle VDD_IN lands in the published 3.3-5.8 W range [tegrastats]",
     "converter_efficiency": "module input converters, 88 %",
+    "engines.dla*.opps.voltage_mv": "DLA voltages are unpublished; one OPP at the module's DLA clock, 750 mV assumed",
+    "engines.dla*.capacitance": "DLA power is unpublished; sized so one DLA core at AGX's 1.6 GHz draws ~1.5 W",
+    "engines.dla*.ops_per_cycle": "on the GPU domain's scale: the twin's GPU rate (2 fp32 FLOPs per CUDA core "
+    "per clock) is 1/32 of its published sparse INT8 rate [orin-dla]; the DLA gets the same ratio",
 }
+
+# [orin-dla] 105 sparse INT8 TOPS from two DLA cores at 1.6 GHz (AGX Orin 64GB), 40 from two at
+# 614.4 MHz (Orin NX 16GB): 32768 sparse INT8 ops per clock per core, both ways. The NX GPU's 60
+# sparse TOPS at 918 MHz are 32x the twin's 2048 ops per clock for it, so a DLA core is modelled
+# at 32768 / 32: a third of the NX GPU at their top clocks, as the published TOPS split says.
+_DLA_OPS_PER_CYCLE = 32768.0 / 32
 
 
 def orin_quirks(*, ina_shunt_uohm: int, debug_clocks: tuple[tuple[str, int], ...] = ()) -> VendorQuirks:
     """Jetson Linux (L4T) behaviour shared by the Orin modules."""
+    # "dla": the DLA engines' op set (TensorRT's DLA layer limits); "npu" stays for a caller that
+    # asks for an accelerator of that kind on a Tegra profile.
     return VendorQuirks(
         sysfs_writer="tegra-l4t",
         cpufreq_driver="tegra194",  # [orin-cpufreq]
@@ -102,7 +117,7 @@ def orin_quirks(*, ina_shunt_uohm: int, debug_clocks: tuple[tuple[str, int], ...
         memory_rate_lock=True,  # [orin-emc] mrq_rate_locked
         ina_shunt_uohm=ina_shunt_uohm,
         debug_clocks=debug_clocks,
-        op_sets=MappingProxyType({"gpu": "ampere", "npu": "dla"}),
+        op_sets=MappingProxyType({"gpu": "ampere", "npu": "dla", "dla": "dla"}),
     )
 
 
@@ -186,6 +201,15 @@ def _domains(
     return tuple(domains)
 
 
+def dla_engines(cores: int, dla_hz: int) -> tuple[EngineProfile, ...]:
+    """``cores`` DLA engines (``dla0``, ``dla1``) at ``dla_hz``: device-only, see ``SocProfile.engines``."""
+    return tuple(
+        EngineProfile(name=f"dla{i}", kind="dla", opps=(Opp(dla_hz, 750.0),), capacitance=1670.0,
+                      ops_per_cycle=_DLA_OPS_PER_CYCLE, thermal_node="soc0", core_name="NVDLA v2.0")
+        for i in range(cores)
+    )
+
+
 def _layouts(cpu_actors: tuple[str, ...], cv_online: bool, board_zones: bool) -> dict[str, ThermalLayout]:
     trips = (Trip(87.0, "passive", 2.0), Trip(97.0, "critical", 0.0))  # assumed (secondary source)
 
@@ -237,6 +261,7 @@ def orin_profile(
     quirks: VendorQuirks,
     extra_sources: tuple[str, ...] = (),
     extra_assumed: Mapping[str, str] | None = None,
+    engines: tuple[EngineProfile, ...] = (),
 ) -> SocProfile:
     """One Orin module's profile from what differs between modules."""
     domains = _domains(clusters, cpu_max_khz, gpu_hz, gpu_capacitance, gpu_ops_per_cycle,
@@ -278,4 +303,5 @@ def orin_profile(
         nvpmodel_conf=nvpmodel_conf,
         sources=(*_SOURCES, *extra_sources),
         assumed=read_only(assumed),
+        engines=engines,
     )

@@ -6,7 +6,7 @@ Source keys in brackets resolve in ``docs/sources.md``.
 from __future__ import annotations
 
 from ..schema import NvpModel, RailProfile, SocProfile
-from .orin import ORIN_EMC_HZ, orin_profile, orin_quirks
+from .orin import ORIN_EMC_HZ, dla_engines, orin_profile, orin_quirks
 
 __all__ = ["orin_agx_profile"]
 
@@ -63,6 +63,7 @@ def orin_agx_profile() -> SocProfile:
         nvpmodel_default=2,
         nvpmodel_conf="nvpmodel_p3701_0000.conf",
         quirks=orin_quirks(ina_shunt_uohm=2000, debug_clocks=_DEBUG_CLOCKS),  # [tegra234-dt] 2 mOhm
+        engines=dla_engines(2, 1_600_000_000),  # [orin-dla] 2 NVDLA v2.0; [jtop] dla*_core at 1.6 GHz
         extra_assumed={
             "domains.cluster*.available_hz": "the AGX list past 1984 MHz is inferred from the 76.8 MHz step "
             "pattern [orin-cpufreq]",

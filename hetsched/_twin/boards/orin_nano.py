@@ -44,6 +44,7 @@ def orin_nano_profile() -> SocProfile:
         nvpmodel_default=0,
         nvpmodel_conf="nvpmodel_p3767_0003.conf",
         quirks=orin_quirks(ina_shunt_uohm=5000),  # [tegra234-dt] 5 mOhm shunts
+        engines=(),  # [orin-dla] the Orin Nano modules have no DLA
         extra_assumed={
             "domains.gpu.available_hz": "only min 306 and max 624.75 MHz are given; 102 MHz steps assumed between",
             "domains.memory.available_hz": "Nano non-Super EMC assumed capped at 2133 MHz",
