@@ -51,7 +51,7 @@ async def _hot_run(adaptive: bool, requests: int, ambient: float) -> dict[str, A
         twin = LiveTwin("rk3588", root, ambient_c=ambient, noise=False)
         twin.advance(0.0)  # the tree, and the load channel the session's stages report into
         devices = twin_devices("rk3588", clock=clock_from_root(root), root=root)
-        config = Replanning(period_s=0.1, min_interval_s=0.3, drift_min_runs=16) if adaptive else None
+        config = Replanning(period_s=0.1, min_interval_s=0.3, drift_min_runs=16, drift_factor=1.5) if adaptive else None
         async with Session("light_squeezenet", devices=devices, root=root, replanning=config) as s:
             first = s.get_inputs()[0]
             shape = [d.dim_value or 1 for d in first.type.tensor_type.shape.dim]

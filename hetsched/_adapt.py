@@ -134,7 +134,7 @@ class Adapter:
                     self._states = dict(states)
                     self._flags, _ = decide_replan(self.config, self._flags, states)
             try:
-                plan, stages = await anyio.to_thread.run_sync(self._plan_fn, excluded, self._states, use_costs)
+                plan, stages = await self.plan_in_thread(excluded, self._states, use_costs)
             except HetschedError as exc:
                 self._failed += 1
                 self._last_error = f"{reason}: {exc}"
@@ -157,6 +157,25 @@ class Adapter:
                 for fn in listeners:
                     fn(info)
             return plan
+
+    async def plan_in_thread(self, excluded: Sequence[str], states: Mapping[str, DeviceState],
+                             use_costs: bool) -> tuple[Any, Any]:
+        """``plan_fn`` in a worker thread; stages it compiled for a caller that was cancelled
+        meanwhile (the session closing) are closed, not leaked."""
+        made: list[tuple[Any, Any]] = []
+
+        def work() -> tuple[Any, Any]:
+            result = self._plan_fn(excluded, states, use_costs)
+            made.append(result)
+            return result
+
+        try:
+            return await anyio.to_thread.run_sync(work)
+        except BaseException:
+            if made:  # the thread finished, its caller was cancelled: nobody will install these
+                for st in made[0][1]:
+                    st.compiled.close()
+            raise
 
     def statistics(self) -> ReplanStatistics:
         return ReplanStatistics(self._replans, self._last_reason, dict(self._reasons), self._failed,

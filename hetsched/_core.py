@@ -99,11 +99,13 @@ class SessionCore:
         self._open = True
 
     def set_stages(self, stages: Sequence[StageRuntime], output_source: Mapping[str, int | None],
-                   topology: Topology, host: str) -> None:
+                   topology: Topology, host: str, domains: Iterable[str] = ()) -> None:
         """A (re-)plan's stages: where each output comes from, and whether every stage's
-        memory domain shares memory with the host (no transfers for the loop to drive)."""
+        memory domain (and each of ``domains``: those of every device a re-plan may use, so
+        that a stream's choice of path holds across re-plans) shares memory with the host (no
+        transfers for the loop to drive)."""
         self._output_source = output_source
-        domains = {st.domain for st in stages} | {host}
+        domains = {st.domain for st in stages} | {host} | set(domains)
         self._shared_memory = all(topology.shares_memory(a, b) for a in domains for b in domains)
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ class Replanning:
     temp_high: float = 0.25
     power_low: float = 0.05
     power_high: float = 0.15
-    drift_factor: float = 2.0
+    drift_factor: float = 1.5
     drift_min_runs: int = 32
     min_interval_s: float = 2.0
     quarantine_after: int = 3

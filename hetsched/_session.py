@@ -287,9 +287,13 @@ class Session:
     async def _shutdown(self, exc: BaseException | None) -> BufferLeakError | None:
         """Stop re-planning, the workers, close stages, the engine and the pools; returns the
         pools' leak report."""
-        if self._adapter is not None:
-            await self._adapter.stop()  # a no-op when __aexit__ stopped it already
+        adapter = self._adapter
+        if adapter is not None:
+            await adapter.stop()  # a no-op when __aexit__ stopped it already
         await self._stop_workers()
+        if adapter is not None and adapter.failover is not None and self._scheduler is not None:
+            # parked by a failure while the workers stopped: no plan will come for them now
+            self._scheduler.fail_parked(adapter.failover.drain())
         self._close_stages()
         if self._engine is not None:
             engine, self._engine = self._engine, None
@@ -374,15 +378,15 @@ class Session:
         source = output_sources(plan)
         gen = self._scheduler.set_stages(stages, source, on_drained)
         gen.plan = plan
-        self._core.set_stages(stages, source, self._topology, self._host)
+        self._core.set_stages(stages, source, self._topology, self._host,
+                              domains=[d.memory_domain for d in self._devices])
 
     async def _replan(self, *, use_costs: bool = False) -> None:
         """The opening plan, or (``profile``) a re-plan with the workers stopped."""
         adapter = self._adapter
         assert adapter is not None
-        plan, stages = await anyio.to_thread.run_sync(self._plan_and_compile, adapter.failover.quarantined
-                                                      if adapter.failover is not None else (), adapter.states,
-                                                      use_costs)
+        excluded = adapter.failover.quarantined if adapter.failover is not None else ()
+        plan, stages = await adapter.plan_in_thread(excluded, adapter.states, use_costs)
         self._install(plan, stages, adapter.on_drained)
 
     async def replan(self, *, reason: str = "requested", use_costs: bool = True) -> Plan:

@@ -32,6 +32,10 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
                     {"energy_vs_performance", "energy_vs_best_static", "slowdown_vs_performance", "throttle_events",
                      "performance_throttle_events", "cases"}),
     "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"], {"frontier_energy_vs_performance", "cases"}),
+    "board_loop.py": (["--requests", "80", "--failover-requests", "200"],
+                      {"hot_throughput_ratio", "failover_lost_requests", "failover_recovery_s", "replans",
+                       "static_throttle_events", "adaptive_throttle_events", "static_energy_per_request_mj",
+                       "adaptive_energy_per_request_mj"}),
     "rknn.py": (["--models", "squeezenet", "--inputs", "1"],
                 {"min_cosine", "npu_flops_fraction_min", "cached_open_ratio",
                  "modelled_energy_vs_cpu_only_max", "targets", "models"}),
@@ -74,6 +78,9 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
         (row,) = result["models"]
         assert row["conversions"] > 0 and row["cached_conversions"] == 0 and row["cache_hits"] > 0
         assert result["min_cosine"] >= 0.999  # the simulator's fp16 agrees with onnxruntime
+    if name == "board_loop.py":
+        assert result["failover_lost_requests"] == 0  # every request of the stream got its (checked) result
+        assert result["replans"] >= 1
     if name == "governor.py":
         assert [c["soc"] for c in result["cases"]] == ["rk3588"]
         assert "hetsched_deadline_energy_vs_performance" in result["cases"][0]
