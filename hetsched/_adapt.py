@@ -249,29 +249,29 @@ class Adapter:
             self._closed_gens.add(gen.number)
         for w in self._scheduler.unique_workers():
             close_states(w.take_states(gen.stages))
-        for st in gen.stages:
-            stats = getattr(st.compiled, "statistics", None)
-            snap = stats() if callable(stats) else None
-            energy = getattr(snap, "modelled_energy_j", None)
-            seconds = getattr(snap, "modelled_time_s", None)
-            with self._close_lock:
+        with self._close_lock:
+            # its runs' figures move to the retired totals and the generation stops being live in
+            # one step, so a statistics() snapshot counts them once (see board_figures)
+            for st in gen.stages:
+                stats = getattr(st.compiled, "statistics", None)
+                snap = stats() if callable(stats) else None
+                energy = getattr(snap, "modelled_energy_j", None)
+                seconds = getattr(snap, "modelled_time_s", None)
                 if isinstance(energy, (int, float)):
                     self._retired_energy += float(energy)
                 if isinstance(seconds, (int, float)):
                     self._retired_busy[st.device] = self._retired_busy.get(st.device, 0.0) + float(seconds)
+            self._scheduler.forget(gen)
+        for st in gen.stages:
             st.compiled.close()
-        self._scheduler.forget(gen)
 
-    @property
-    def retired_busy_s(self) -> dict[str, float]:
-        """Modelled busy seconds per device of the stages of plans already closed."""
+    def board_figures(self, current: Sequence[Any]) -> dict[str, Any]:
+        """The energy and busy-time fields of ``SessionStatistics`` (see
+        ``hetsched._session_stats.energy_fields``), consistent with plans closing meanwhile."""
+        from ._session_stats import energy_fields
+
         with self._close_lock:
-            return dict(self._retired_busy)
-
-    @property
-    def retired_energy_j(self) -> float:
-        """Modelled joules of the stages of plans already closed."""
-        return self._retired_energy
+            return energy_fields(self._scheduler, current, self._retired_energy, dict(self._retired_busy))
 
     # -- the monitor ------------------------------------------------------------------------
 

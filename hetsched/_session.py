@@ -487,9 +487,8 @@ class Session:
             pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
             transfers=self._engine.statistics() if self._engine is not None else None,
             compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
-            **energy_fields(self._scheduler, self._stages,
-                            self._adapter.retired_energy_j if self._adapter is not None else 0.0,
-                            self._adapter.retired_busy_s if self._adapter is not None else {}),
+            **(self._adapter.board_figures(self._stages) if self._adapter is not None
+               else energy_fields(None, self._stages, 0.0, {})),
             replanning=self._adapter.statistics() if self._adapter is not None else ReplanStatistics(),
             failover=(self._adapter.failover.statistics()
                       if self._adapter is not None and self._adapter.failover is not None else None),

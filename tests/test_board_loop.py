@@ -61,7 +61,8 @@ async def test_a_live_twin_shows_the_sessions_load_heat_and_energy(tmp_path: Pat
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
     rec = _Energy()
     total = 0.0
-    async with Session(_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec]) as s:
+    # one plan throughout (no re-plan on drift), so each stage's figures add up to the session's
+    async with Session(_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec], replanning=None) as s:
         assert [d.name for d in s.devices] == ["gpu"]
         for _ in range(20):  # board time driven by the work: each batch advances the twin by its busy time
             for _ in range(20):
@@ -145,3 +146,23 @@ def test_twin_devices_carry_their_root_for_the_load_channel(tmp_path: Path) -> N
                            root=str(tmp_path))
     assert all(d.options["root"] == str(tmp_path) for d in devices)
     assert all(d.options["root"] is None for d in twin_devices("rk3588"))
+
+
+@pytest.mark.anyio
+async def test_energy_and_busy_time_span_re_plans(tmp_path: Path, anyio_backend: str) -> None:
+    build_board_tree(tmp_path, "rk3588")
+    rec = _Energy()
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    async with Session(_cnn(), root=tmp_path, devices=["gpu", "big"],
+                       hooks=[rec], replanning=Replanning(period_s=60.0)) as s:
+        for k in range(3):
+            for _ in range(30):
+                await s.run({"x": x})
+            await s.replan(reason=f"test {k}")
+        for _ in range(30):
+            await s.run({"x": x})
+        stats = s.statistics()
+        assert stats.replanning.replans == 3
+    assert len(rec.stage) == 120
+    assert stats.energy_j == pytest.approx(sum(e for e in rec.stage if e))
+    assert sum(stats.device_busy_s.values()) > 0
