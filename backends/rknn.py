@@ -361,6 +361,9 @@ class RknnBackend:
     """Rockchip NPU stages (``Device.backend == "rknn"``); see the module docstring."""
 
     name = "rknn"
+    slow_compile = True
+    """A compile starts the toolkit's worker process and converts (or reloads) the stage: seconds,
+    so ``Session(background_compile=True)`` opens without this backend's devices first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -64,6 +64,7 @@ class Adapter:
         self._sample = sample
         self._perf = perf
         self._tg: anyio.abc.TaskGroup | None = None
+        self._background: anyio.Event | None = None
         self._send: MemoryObjectSendStream[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
         self._lock = anyio.Lock()
         self._flags = ReplanFlags()
@@ -96,6 +97,28 @@ class Adapter:
         tg.start_soon(self._spawner, recv, tg)
         if monitor and self.config is not None:
             tg.start_soon(self._monitor)
+
+    def plan_in_background(self, reason: str) -> None:
+        """Re-plan now in the adapter's task group (the devices left out of the opening plan
+        joining); :meth:`wait_background` waits for it. A failure leaves the plan in place."""
+        done = self._background = anyio.Event()
+        tg = self._tg
+        assert tg is not None
+
+        async def run() -> None:
+            try:
+                await self.replan(reason)
+            except HetschedError:
+                pass  # counted in statistics(); the opening plan keeps serving
+            finally:
+                done.set()
+
+        tg.start_soon(run)
+
+    async def wait_background(self) -> None:
+        """Until a background re-plan started by :meth:`plan_in_background` ended (at once if none)."""
+        if self._background is not None:
+            await self._background.wait()
 
     async def stop(self) -> None:
         """Cancel the monitor and any re-plan in progress, and join them (shielded by the caller)."""

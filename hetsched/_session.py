@@ -30,7 +30,7 @@ from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 from ._adapt import Adapter
 from ._core import SessionCore, priority_value
 from ._delivery import Outputs
-from ._errors import BufferLeakError, RuntimeStateError
+from ._errors import BufferLeakError, PartitionError, PlacementError, RuntimeStateError
 from ._events import Event, HookDispatcher, Priority
 from ._feeds import FeedChecker, random_feeds
 from ._planning.costs import CostTable
@@ -132,7 +132,13 @@ class Session:
         that quarantine a device); None: the plan made at opening stays (and a failing stage
         fails its request, nothing is retried).
     :param power_budget_w: the board power the policy's ``power_headroom`` is measured against
-        (rails where measured, the SoC model where estimated); None: no budget (headroom 1).
+        (rails where measured, the SoC model where estimated); default: the governor's
+        ``power_budget_w`` when a governor is given, else no budget (headroom 1).
+    :param background_compile: open fast: devices whose backend compiles slowly (the RKNN
+        toolkit starts a process and converts or reloads each stage) are left out of the opening
+        plan when the other devices can run the whole model, so the session serves at once; the
+        plan with every device is compiled in the background and switched to when ready
+        (``Event.REPLAN``, reason ``"background compile: ..."``; :meth:`wait_planned` waits for it).
     :param calibration: feed dicts for the model's graph inputs (an iterable, read once here, at
         most 64 used): NPU stages are quantized to INT8 (w8a8) and calibrated with the tensors
         their upstream stages produce for these feeds (computed on the host by onnxruntime); each
@@ -171,6 +177,7 @@ class Session:
         calibration: Iterable[Mapping[str, Any]] | None = None,
         replanning: Replanning | None = Replanning(),  # noqa: B008 (a frozen dataclass: one shared value)
         power_budget_w: float | None = None,
+        background_compile: bool = False,
     ):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
@@ -216,7 +223,11 @@ class Session:
         if replanning is not None and not isinstance(replanning, Replanning):
             raise TypeError(f"replanning must be a hetsched.Replanning or None, got {type(replanning).__name__}")
         self._replanning = replanning
+        if power_budget_w is None and governor is not None:
+            # the governor's budget is the board's: the policy's power headroom is measured against it
+            power_budget_w = getattr(getattr(governor, "config", None), "power_budget_w", None)
         self._power_budget = power_budget_w
+        self._background_compile = background_compile
         self._adapter: Adapter | None = None
         self._sampler: BoardSampler | None = None
         self._opening = False
@@ -257,10 +268,12 @@ class Session:
                                     sample=self._sample_states, perf=self._clock.perf_counter)
             adapter = self._adapter
             states = await anyio.to_thread.run_sync(adapter.initial_states)
-            await self._replan()
+            deferred = await self._opening_plan()
             self._core.open(self._scheduler, FeedChecker(index), index.graph_outputs, constants)
             self._start_workers()
             await adapter.start(monitor=bool(states))
+            if deferred:
+                adapter.plan_in_background(f"background compile: {', '.join(deferred)} ready")
         except BaseException as exc:
             self._core.close()
             with anyio.CancelScope(shield=True):
@@ -381,13 +394,39 @@ class Session:
         self._core.set_stages(stages, source, self._topology, self._host,
                               domains=[d.memory_domain for d in self._devices])
 
-    async def _replan(self, *, use_costs: bool = False) -> None:
+    async def _opening_plan(self) -> list[str]:
+        """Plan and compile at opening; returns the devices left for a background plan (with
+        ``background_compile``: those whose backend compiles slowly, when the others can run
+        the whole model)."""
+        deferred = [d.name for d in self._devices
+                    if getattr(get_backend(d.backend), "slow_compile", False)] if self._background_compile else []
+        if deferred and len(deferred) < len(self._devices):
+            try:
+                await self._replan(excluded=deferred)
+                return deferred
+            except (PartitionError, PlacementError):
+                pass  # the other devices cannot run it all: plan with every device now
+        await self._replan()
+        return []
+
+    async def _replan(self, *, use_costs: bool = False, excluded: Sequence[str] = ()) -> None:
         """The opening plan, or (``profile``) a re-plan with the workers stopped."""
         adapter = self._adapter
         assert adapter is not None
-        excluded = adapter.failover.quarantined if adapter.failover is not None else ()
-        plan, stages = await adapter.plan_in_thread(excluded, adapter.states, use_costs)
+        quarantined = adapter.failover.quarantined if adapter.failover is not None else ()
+        plan, stages = await adapter.plan_in_thread((*quarantined, *excluded), adapter.states, use_costs)
         self._install(plan, stages, adapter.on_drained)
+
+    async def wait_planned(self) -> Plan:
+        """Wait until the plan compiled in the background (``background_compile``) is in place,
+        or failed (the opening plan then stays), and return the plan in use.
+
+        :raises RuntimeStateError: the session is not open.
+        """
+        self._core.require_open("wait_planned()")
+        assert self._adapter is not None
+        await self._adapter.wait_background()
+        return self.plan
 
     async def replan(self, *, reason: str = "requested", use_costs: bool = True) -> Plan:
         """Re-place the model now, while serving: sample the board, plan (in a worker thread),

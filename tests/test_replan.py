@@ -376,3 +376,27 @@ async def test_an_allocation_failure_runs_unbound_once_leaks_nothing_and_keeps_t
         assert stats.stage_runs_bound >= 6
         assert stats.stage_runs_unbound == 1
     # and every buffer came back: closing raised no BufferLeakError
+
+
+@pytest.mark.anyio
+async def test_background_compile_serves_at_once_then_switches_to_the_slow_devices_plan(anyio_backend: str) -> None:
+    rec = _Recorder()
+    with FakeBackend("fake-quick") as quick, FakeBackend("fake-slow") as slow:
+        slow.slow_compile = True  # type: ignore[attr-defined]  # as the RKNN backend declares
+        devices = [fake_device("cpuish", backend="fake-quick", peak_flops=1e9),
+                   fake_device("npuish", backend="fake-slow", peak_flops=1e13)]
+        async with Session(_chain(), devices=devices, hooks=[rec], background_compile=True) as s:
+            # the opening plan leaves the slow backend's device out, and serves at once
+            out = await s.run({"x": _x(3)})
+            np.testing.assert_array_equal(out["y"], _expected(_x(3)))
+            with anyio.fail_after(30):
+                plan = await s.wait_planned()
+            assert {st.device for st in plan.stages} == {"npuish"}
+            out = await s.run({"x": _x(4)})
+            np.testing.assert_array_equal(out["y"], _expected(_x(4)))
+        assert {c.device for c in quick.calls} == {"cpuish"} and {c.device for c in slow.calls} == {"npuish"}
+        assert [r.reason for r in rec.replans] == ["background compile: npuish ready"]
+        # with only slow devices there is nothing to open on first: the plan is made at once
+        async with Session(_chain(), devices=[devices[1]], background_compile=True) as s:
+            assert {st.device for st in s.plan.stages} == {"npuish"}
+            assert (await s.wait_planned()) is s.plan

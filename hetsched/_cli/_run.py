@@ -5,7 +5,8 @@
 ...), ``refused`` (units a backend refused, with its reason), ``compile`` (``conversions``,
 ``cache_hits``, ``seconds``: summed over the session's backends that count them in their
 ``statistics()``, since the session opened; zeros for backends that do not, such as ``cpu``),
-latency/throughput figures, and with ``--check`` ``check`` (``max_abs_diff``, ``min_cosine``
+latency/throughput figures, ``replans`` (``count``, ``last_reason``, ``reasons``), ``energy``
+(``joules``, ``source``, ``mj_per_request``) where the devices report it, and with ``--check`` ``check`` (``max_abs_diff``, ``min_cosine``
 of every output against bare onnxruntime on the host for the same inputs). Stdout holds only
 that; compile progress lines go to stderr (see :class:`hetsched._cli._common.CompileProgress`).
 """
@@ -187,6 +188,12 @@ def main(args: argparse.Namespace) -> int:
             modelled = modelled_rows(s)
             if modelled:
                 summary["modelled"] = modelled
+            st = s.statistics()
+            summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
+                                  "reasons": dict(st.replanning.reasons)}
+            if st.energy_j is not None and summary["requests"]:
+                summary["energy"] = {"joules": st.energy_j, "source": st.energy_source,
+                                     "mj_per_request": st.energy_j / summary["requests"] * 1e3}
             gov_stats = governor_statistics(hooks)
             if gov_stats:
                 summary["governor"] = gov_stats
@@ -204,6 +211,11 @@ def main(args: argparse.Namespace) -> int:
                           f"min cosine {summary['check']['min_cosine']:.6f}")
                 if modelled:
                     print_modelled(modelled, f"board under {args.root}")
+                if st.replanning.replans:
+                    print(f"re-planned {st.replanning.replans} time(s) while serving; last: {st.replanning.last_reason}")
+                if "energy" in summary:
+                    print(f"energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
+                          f"({summary['energy']['source']}, every stage run, re-planned ones included)")
         return 0
 
 
