@@ -23,6 +23,9 @@ _SUBCOMMAND_MODULES = (
     "hetsched._cli._twin",
     "hetsched._cli._setup",
     "hetsched._cli._compile",
+    "hetsched._cli._profile",
+    "hetsched._cli._plot",
+    "hetsched._cli._doctor",
 )
 
 
