@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -97,6 +97,12 @@ class Adapter:
         tg.start_soon(self._spawner, recv, tg)
         if monitor and self.config is not None:
             tg.start_soon(self._monitor)
+
+    def start_task(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``fn()`` in the adapter's task group (after :meth:`start`): cancelled and joined
+        by :meth:`stop`, like the monitor (a session trace's sampler)."""
+        assert self._tg is not None
+        self._tg.start_soon(fn)
 
     def plan_in_background(self, reason: str) -> None:
         """Re-plan now in the adapter's task group (the devices left out of the opening plan

@@ -23,7 +23,7 @@ SOURCES = {"hetsched": PKG, "hetsched.backends": REPO / "backends", "hetsched.po
 
 VOCABULARY = {"_errors", "_snapshot", "_events"}
 SESSION = {"_session", "_core", "_delivery", "_feeds", "_setup", "_profiling", "_stream", "_sync", "_governed",
-           "_adapt", "_replan", "_session_stats", "_trace"}
+           "_adapt", "_replan", "_session_stats", "_session_base", "_trace", "_trace_counters", "_trace_writer"}
 
 # part -> the hetsched parts it may import (besides itself). A part is the first component
 # under hetsched (a subpackage or a module), with backends/sim.py and backends/rknn.py as parts of their own.

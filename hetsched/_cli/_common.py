@@ -209,30 +209,82 @@ def random_feeds(session_inputs: Sequence[onnx.ValueInfoProto], seed: int = 0,
     return feeds
 
 
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
+def format_duration(seconds: float) -> str:
+    """``4.2 s`` under 10 s, ``42 s`` under a minute, ``1:05`` under an hour, else ``1:02:03``."""
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    whole = int(round(s))
+    h, rest = divmod(whole, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
-    def __init__(self, total: int, *, enabled: bool | None = None, label: str = "requests"):
+
+class Progress:
+    """A one-line progress bar with an ETA on stderr (only when stderr is a terminal or forced)::
+
+        [#########.....................] 3/10 requests  1.2 s, ETA 2.8 s
+        [##############################] 10/10 requests in 4.0 s
+
+    The ETA is the mean time per item since the bar was made times the items left (``--``
+    before the first one). Redraws at most every ``min_interval_s`` (the last item always).
+    ``clock`` and ``stream`` are injected for tests; ``total`` may grow (:meth:`advance_to`).
+    """
+
+    def __init__(self, total: int, *, enabled: bool | None = None, label: str = "requests",
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
+                 min_interval_s: float = 0.1):
         self.total = total
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._stream = stream
+        self.enabled = (stream or sys.stderr).isatty() if enabled is None else enabled
         self.label = label
         self.done = 0
-        self._last = 0.0
+        self._clock = clock
+        self._t0 = clock()
+        self._min_interval_s = min_interval_s
+        self._last: float | None = None
+        self._finished = False
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the mean rate so far; None before the first item."""
+        if self.done <= 0:
+            return None
+        elapsed = self._clock() - self._t0
+        return elapsed / self.done * max(0, self.total - self.done)
+
+    def line(self) -> str:
+        """The bar as it reads now (no carriage return)."""
+        width = 30
+        filled = min(width, int(width * self.done / max(1, self.total)))
+        head = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {self.label}"
+        elapsed = self._clock() - self._t0
+        if self.done >= self.total:
+            return f"{head} in {format_duration(elapsed)}"
+        eta = self.eta_s()
+        return f"{head}  {format_duration(elapsed)}, ETA {'--' if eta is None else format_duration(eta)}"
 
     def update(self, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
+        self.advance_to(self.done + n, self.total)
+
+    def advance_to(self, done: int, total: int) -> None:
+        """Set the count and the total (a :data:`hetsched._profiling.ProgressCallback`)."""
+        self.done, self.total = done, total
+        if not self.enabled or self._finished:
             return
-        now = time.monotonic()
-        if now - self._last < 0.1 and self.done < self.total:
+        now = self._clock()
+        last = self.done >= self.total
+        if not last and self._last is not None and now - self._last < self._min_interval_s:
             return
         self._last = now
-        width = 30
-        filled = int(width * self.done / max(1, self.total))
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {self.label}")
-        if self.done >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        stream = self._stream or sys.stderr
+        # pad with spaces: a shorter line must cover the end of the one it overwrites
+        stream.write(f"\r{self.line():<78}")
+        if last:
+            self._finished = True
+            stream.write("\n")
+        stream.flush()
 
 
 class CompileProgress(Hooks):

@@ -15,6 +15,7 @@ import json
 import anyio
 
 from ._common import (
+    Progress,
     add_compile_progress_args,
     add_devices_args,
     add_shape_arg,
@@ -58,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
                            max_unit_nodes=args.max_unit_nodes, root=args.root or "/", shapes=shapes, calibration=calibration,
                            hooks=compile_progress_hooks(args)) as s:
             if args.profile:
-                await s.profile()
+                bar = Progress(0, enabled=False if args.json or args.quiet else None, label="unit runs (profiling)")
+                await s.profile(progress=bar.advance_to)
             if args.json:
                 data = s.plan.to_json()
                 data["stages"] = with_accuracy(s, data["stages"])

@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "its devices are simulated (the RK3588 NPU is the RKNN backend's), stages report modelled "
                    "time and energy at the tree's clocks; with --devices, some of them (gpu, npu:0, dla:1, big, "
                    "cluster4, ...); --root / is this host's real cores")
+    p.add_argument("--trace", metavar="PATH",
+                   help="write a Chrome trace event JSON file of the run (open it in https://ui.perfetto.dev or "
+                        "chrome://tracing): stage runs per device thread, requests, transfers, governor phases, "
+                        "re-plans and, with --root, clock/temperature/power counters; closed also on SIGTERM/SIGINT")
     add_shape_arg(p)
     add_int8_args(p)
     p.add_argument("--check", action="store_true",
@@ -159,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
                            max_unit_nodes=args.max_unit_nodes, root=args.root or "/",
                            hooks=[*hooks, *compile_progress_hooks(args)],
-                           shapes=shapes, calibration=calibration) as s:
+                           shapes=shapes, calibration=calibration, trace=args.trace) as s:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
             progress = Progress(args.requests, enabled=True if args.progress else None)
             t0 = time.perf_counter()

@@ -1,13 +1,21 @@
-"""``hetsched top [--root DIR] [--interval S] [--iterations N]``: a live tegrastats/jtop-like view."""
+"""``hetsched top [--root DIR] [--interval S] [--iterations N]``: a live tegrastats/jtop-like view.
+
+Besides clocks, temperatures against their trips and rail power, each frame shows what a
+session does to the board: on a live twin root the per-device load the twin renders from the
+sessions' reports (its load channel names the reporting pids), and the phase and per-domain
+targets of a running hetsched governor (the state file it publishes under the root's run
+directory, :mod:`hetsched._governor._published`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import math
 import sys
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-__all__ = ["format_frame", "register", "tegrastats_line"]
+__all__ = ["SessionView", "format_frame", "read_session_view", "register", "tegrastats_line"]
 
 _CLEAR = "\x1b[H\x1b[2J"
 
@@ -65,8 +73,65 @@ def tegrastats_line(snap: Any) -> str:
     return " ".join(parts)
 
 
-def format_frame(snap: Any, *, root: str, interval: float) -> str:
-    """A jtop-like multi-line frame of one snapshot."""
+@dataclass(frozen=True)
+class SessionView:
+    """What sessions do to the board, besides the snapshot: see the module docstring."""
+
+    live_twin: bool = False
+    reporters: tuple[int, ...] = ()
+    """Pids whose simulated stages report load to the live twin."""
+    governor_pid: int | None = None
+    governor_alive: bool = False
+    phase: str | None = None
+    targets: dict[str, int] = field(default_factory=dict)
+    locked: tuple[str, ...] = ()
+
+
+def read_session_view(fs: Any) -> SessionView:
+    """Read the live twin's load channel listing and the governor's published state under ``fs``."""
+    from hetsched._governor._published import pid_alive, read_published
+
+    live = fs.is_dir(".hetsched-twin")
+    pids = sorted({int(n.split("-", 1)[0]) for n in fs.listdir(".hetsched-twin/load")
+                   if n.endswith(".load") and n.split("-", 1)[0].isdigit()}) if live else []
+    pub = read_published(fs)
+    pid = pub.pid("state")
+    locked = pub.state.get("locked", []) if pub.state is not None else []
+    return SessionView(
+        live_twin=live, reporters=tuple(pids), governor_pid=pid,
+        governor_alive=pid is not None and pid_alive(pid), phase=pub.phase, targets=dict(pub.targets),
+        locked=tuple(str(x) for x in locked) if isinstance(locked, list) else (),
+    )
+
+
+def _session_lines(snap: Any, view: SessionView) -> list[str]:
+    lines = []
+    if view.live_twin:
+        who = f"pids {', '.join(map(str, view.reporters))}" if view.reporters else "no session reporting"
+        loads = "  ".join(f"{d.name} {_pct(d.utilisation)}" for d in snap.domains.values())
+        lines.append(f"load  (live twin; {who})  {loads}")
+    if view.governor_pid is not None:
+        if view.governor_alive:
+            targets = "  ".join(f"{n}={_mhz(hz)}" for n, hz in view.targets.items())
+            locked = f"  locked: {', '.join(view.locked)}" if view.locked else ""
+            lines.append(f"governor pid {view.governor_pid}  phase {view.phase or '-'}  targets MHz: {targets or '-'}{locked}")
+        else:
+            lines.append(f"governor state left by pid {view.governor_pid}, which is not running: see `hetsched doctor`")
+    return lines
+
+
+def _zone_text(z: Any) -> str:
+    txt = f"{z.name}={'off' if z.temp_c is None else f'{z.temp_c:.1f}C'}"
+    trips = [f"{t:g}" for t in (z.passive_trip_c, z.critical_trip_c) if t is not None]
+    if trips:
+        txt += "/" + "/".join(trips)
+    if z.temp_c is not None and z.passive_trip_c is not None and z.temp_c >= z.passive_trip_c:
+        txt += "!"  # at or above the passive trip: the kernel throttles
+    return txt
+
+
+def format_frame(snap: Any, *, root: str, interval: float, view: SessionView | None = None) -> str:
+    """A jtop-like multi-line frame of one snapshot (and of what sessions do, when ``view`` is given)."""
     lines = [f"hetsched top  soc={snap.soc or 'unknown'}  root={root}  t={snap.time_s:.1f}s  every {interval:g}s"]
     lines.append(f"{'domain':<14}{'kind':<8}{'MHz':>7}{'min':>7}{'max':>7}{'util':>7}  governor")
     for d in snap.domains.values():
@@ -76,15 +141,10 @@ def format_frame(snap: Any, *, root: str, interval: float) -> str:
         )
     if snap.cpu_utilisation:
         lines.append("cpus  " + " ".join(f"{i}:{_pct(u):>4}" for i, u in enumerate(snap.cpu_utilisation)))
+    if view is not None:
+        lines += _session_lines(snap, view)
     if snap.zones:
-        lines.append(
-            "temp  "
-            + "  ".join(
-                f"{z.name}={'off' if z.temp_c is None else f'{z.temp_c:.1f}C'}"
-                + (f"/{z.passive_trip_c:g}" if z.passive_trip_c is not None else "")
-                for z in snap.zones.values()
-            )
-        )
+        lines.append("temp (C now/passive/critical)  " + "  ".join(_zone_text(z) for z in snap.zones.values()))
     if snap.rails:
         rail_txt = []
         for r in snap.rails.values():
@@ -100,11 +160,13 @@ def format_frame(snap: Any, *, root: str, interval: float) -> str:
 
 async def _top(args: argparse.Namespace, out: TextIO) -> int:
     from hetsched._estimators import power_estimator_for
+    from hetsched._platform._fs import SysfsRoot
     from hetsched._platform.discovery import discover
     from hetsched._platform.telemetry import Telemetry
 
     tty = out.isatty()
-    platform = discover(args.root)
+    fs = SysfsRoot(args.root)
+    platform = discover(fs)
     telemetry = Telemetry(
         args.root, period_s=args.interval, capacity=8, platform=platform, estimator=power_estimator_for(platform)
     )
@@ -112,7 +174,8 @@ async def _top(args: argparse.Namespace, out: TextIO) -> int:
         snap = tm.latest()
         shown = 0
         while True:
-            out.write((_CLEAR if tty else "") + format_frame(snap, root=args.root, interval=args.interval) + "\n")
+            frame = format_frame(snap, root=args.root, interval=args.interval, view=read_session_view(fs))
+            out.write((_CLEAR if tty else "") + frame + "\n")
             out.flush()
             shown += 1
             if args.iterations is not None and shown >= args.iterations:

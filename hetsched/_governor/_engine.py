@@ -40,6 +40,7 @@ from ._phase import Phase, as_phase
 from ._points import DomainSpec, OperatingPoint
 from ._ports import ClockPort
 from ._profile import BoardId, GovernorProfile
+from ._published import Publisher
 from ._statistics import GovernorStatistics, PhaseStatistics
 from ._thermal import ThermalGuard
 from ._tuner import AxisTuner
@@ -96,6 +97,7 @@ class GovernorEngine:
         self._guard = ThermalGuard(self.config)
         self._clocks = ClockWriter(port, self.domains, self.config)
         self._saved: Any = None
+        self._published = Publisher.for_port(port)
         self._started = False
         self._restored = False
         # phase in progress
@@ -136,6 +138,7 @@ class GovernorEngine:
         if not self.dry_run and not self.ungoverned:
             self._saved = self.port.save()
         self._clocks.read_all()
+        self._published.started(self._saved, dry_run=self.dry_run)
         self._started = True
         self._observe(self.port.sample())
         if self.config.power_budget_w is not None:
@@ -163,9 +166,14 @@ class GovernorEngine:
             self._finish_phase(self.port.now())
             self._phase = None
         self._restored = True
-        if self._saved is not None:
-            self.port.restore(self._saved)
-            log.info("governor: clocks restored")
+        restored = False
+        try:
+            if self._saved is not None:
+                self.port.restore(self._saved)
+                log.info("governor: clocks restored")
+            restored = True
+        finally:
+            self._published.closed(restored=restored)
 
     def go_ungoverned(self, reason: str) -> None:
         """Stop writing for the rest of the run (permission missing and ``strict=False``)."""
@@ -269,6 +277,7 @@ class GovernorEngine:
         if phase is self._loop_owner:
             valid = not self._phase_settling
             self._loop_acc = [0.0, 0.0, tuning_point, self._phase_point, valid]
+        self._published.update(now, phase, self._clocks.current, self.locked)
         return decision
 
     def _finish_loop(self) -> None:
@@ -298,6 +307,7 @@ class GovernorEngine:
         before = self.power_cap()
         self._observe(self.port.sample())
         self._verify()
+        self._published.update(self.port.now(), self._phase, self._clocks.current, self.locked)
         after = self.power_cap()
         if self._phase is None or before == after:
             return None
