@@ -59,8 +59,38 @@ class Opp:
     voltage_mv: float
 
 
+class _OppTable:
+    """The OPP table and energy model a domain and an engine share (``opps`` ascending,
+    ``capacitance`` in uW / (mV^2 * MHz) per unit, ``units``)."""
+
+    opps: tuple[Opp, ...]
+    capacitance: float
+    units: int
+
+    @property
+    def available_hz(self) -> tuple[int, ...]:
+        return tuple(o.freq_hz for o in self.opps)
+
+    @property
+    def max_hz(self) -> int:
+        return self.opps[-1].freq_hz
+
+    @property
+    def min_hz(self) -> int:
+        return self.opps[0].freq_hz
+
+    def voltage_at(self, hz: int) -> float:
+        """Voltage of the OPP at ``hz`` (nearest OPP at or above it)."""
+        return next((o.voltage_mv for o in self.opps if o.freq_hz >= hz), self.opps[-1].voltage_mv)
+
+    def full_power_w(self, hz: int) -> float:
+        """Dynamic power with every unit fully busy at ``hz`` (energy-model power x units)."""
+        v = self.voltage_at(hz)
+        return self.capacitance * v * v * (hz / 1e6) / 1e12 * self.units
+
+
 @dataclass(frozen=True)
-class DomainProfile:
+class DomainProfile(_OppTable):
     """One clock domain: a CPU cluster (cpufreq policy), GPU, NPU or memory controller."""
 
     name: str
@@ -113,37 +143,13 @@ class DomainProfile:
     cluster's shared L3/DSU stays up). With cpuidle disabled (``jetson_clocks``), idle cores sit in
     WFI, which gates the core clock but not its power: full leakage. 1.0: no deep idle state."""
 
-    @property
-    def available_hz(self) -> tuple[int, ...]:
-        return tuple(o.freq_hz for o in self.opps)
-
-    @property
-    def max_hz(self) -> int:
-        return self.opps[-1].freq_hz
-
-    @property
-    def min_hz(self) -> int:
-        return self.opps[0].freq_hz
-
-    def voltage_at(self, hz: int) -> float:
-        """Voltage of the OPP at ``hz`` (nearest OPP at or above it)."""
-        for o in self.opps:
-            if o.freq_hz >= hz:
-                return o.voltage_mv
-        return self.opps[-1].voltage_mv
-
-    def full_power_w(self, hz: int) -> float:
-        """Dynamic power with every unit fully busy at ``hz`` (energy-model power x units)."""
-        v = self.voltage_at(hz)
-        return self.capacitance * v * v * (hz / 1e6) / 1e12 * self.units
-
     def bandwidth_bps(self, hz: int) -> float:
         """Achievable DRAM bandwidth at memory clock ``hz`` (memory domains)."""
         return hz * self.bytes_per_cycle * self.bandwidth_efficiency
 
 
 @dataclass(frozen=True)
-class EngineProfile:
+class EngineProfile(_OppTable):
     """A compute engine the twin models as a device only (an Orin DLA core): its stages' time and
     energy at its clock, as for a :class:`DomainProfile`, with no place in the physics, the tree's
     devfreq nodes or the governors (see :attr:`SocProfile.engines`)."""
@@ -162,22 +168,6 @@ class EngineProfile:
     core_name: str = ""
     capacity_dmips_mhz: int = 1024
 
-    @property
-    def available_hz(self) -> tuple[int, ...]:
-        return tuple(o.freq_hz for o in self.opps)
-
-    @property
-    def max_hz(self) -> int:
-        return self.opps[-1].freq_hz
-
-    def voltage_at(self, hz: int) -> float:
-        """Voltage of the OPP at ``hz`` (nearest OPP at or above it)."""
-        return next((o.voltage_mv for o in self.opps if o.freq_hz >= hz), self.opps[-1].voltage_mv)
-
-    def full_power_w(self, hz: int) -> float:
-        """Dynamic power with every unit fully busy at ``hz`` (the domains' energy model)."""
-        v = self.voltage_at(hz)
-        return self.capacitance * v * v * (hz / 1e6) / 1e12 * self.units
 
 
 @dataclass(frozen=True)
