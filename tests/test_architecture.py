@@ -39,6 +39,8 @@ ALLOWED: dict[str, set[str]] = {
     # The RKNN backend drives the toolkit's worker process (_rknn) and, on a twin root, wraps its
     # stages in the twin's modelled-time accounting (backends.sim).
     "backends.rknn": VOCABULARY | {"_platform", "_planning", "_rknn", "_twin", "backends"},
+    # The TensorRT backend (backends/tensorrt.py and its backends/_tensorrt_*.py helpers).
+    "backends.tensorrt": VOCABULARY | {"_platform", "_planning", "backends"},
     "_planning": VOCABULARY | {"_platform", "backends", "policies"},
     "_runtime": VOCABULARY | {"_platform", "backends"},
     "_rknn": VOCABULARY | {"_platform", "_runtime"},
@@ -79,6 +81,8 @@ def _modules() -> dict[str, tuple[str, set[str]]]:
                 part = top.removeprefix("hetsched.")
                 if top == "hetsched.backends" and rel.name in ("sim.py", "rknn.py"):
                     part = f"backends.{rel.stem}"
+                elif top == "hetsched.backends" and rel.stem.lstrip("_").startswith("tensorrt"):
+                    part = "backends.tensorrt"
             used = set()
             for mod in _imports(f, package):
                 if mod.startswith("hetsched."):

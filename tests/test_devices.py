@@ -82,7 +82,7 @@ def test_cpu_spec_means_all_usable_cpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("gpu:0", "device spec 'gpu:0': no GPU/DLA backend exists yet for a real board"),
+    ("gpu:0", "device spec 'gpu:0': no Jetson Orin under"),
     ("cpu:x", "device spec 'cpu:x': bad CPU list"),
     ("cpu:3-1", "device spec 'cpu:3-1': .*runs backwards"),
     ("cpu:", "names no CPUs"),

@@ -26,6 +26,7 @@ from .board_devices import (
     default_board_devices,
     resolve_board_spec,
 )
+from .jetson_devices import is_gpu_spec, jetson_gpu_devices
 
 __all__ = [
     "NPU_SPECS",
@@ -108,9 +109,6 @@ def _npu_device(spec: str, fs: SysfsRoot) -> Device:
         mem_bandwidth=bandwidth,
         options=options,
     )
-
-
-_GPU_LIKE = ("gpu", "dla")
 
 
 def _board_spec(spec: str, s: str, board: BoardRoot, fs: SysfsRoot) -> list[Device]:
@@ -267,7 +265,9 @@ def resolve_devices(
     ``"cpu:0"``, ``"cpu:0-1"``, ``"cpu:4,5"`` (pinned to those cores); ``"big"``,
     ``"little"``, ``"mid"`` (each host cluster of that rank); ``"clusters"`` (every
     host cluster); on an RK3588 ``"npu"``, ``"npu:N"``, ``"npu:0-1"``, ``"npu:0-2"``.
-    ``None`` means every host cluster.
+    ``None`` means every host cluster. On a real Jetson Orin (``/``) ``"gpu"``, ``"dla"`` and
+    ``"dla:N"`` are its GPU and DLA cores on the ``tensorrt`` backend, with ``":ort"`` appended
+    on the ``ort-gpu`` backend (see :mod:`hetsched._planning.jetson_devices`).
 
     On a board root (``root`` is a tree, not ``/``, whose device tree names a SoC with a twin
     profile) the board's devices are meant instead: ``None`` is every CPU cluster, the GPU,
@@ -277,8 +277,8 @@ def resolve_devices(
     :mod:`hetsched._planning.board_devices`); ``cpu:LIST`` stays the host's cores.
 
     :raises DeviceSpecError: unparseable spec, CPUs the host lacks, duplicate names, a spec the
-        board under ``root`` lacks (the message lists its specs), or ``gpu``/``dla`` off a board
-        root (no GPU backend exists yet for a real board).
+        board under ``root`` lacks (the message lists its specs), or ``gpu``/``dla`` on a real
+        board that is not a Jetson Orin or lacks that GPU / DLA core.
     """
     usable = tuple(available_cpus) if available_cpus is not None else host_cpus()
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
@@ -299,12 +299,9 @@ def resolve_devices(
         if board is not None and not s.startswith("cpu:"):
             out.extend(_board_spec(spec, s, board, fs))
             continue
-        if s in _GPU_LIKE or s.startswith(("gpu:", "dla:")):
-            raise DeviceSpecError(
-                f"device spec {spec!r}: no GPU/DLA backend exists yet for a real board (the TensorRT backend is "
-                f"to come); the tree under {str(fs.root)!r} is not a board root with a twin (a twin's root, where "
-                f"{spec!r} is its simulated device)"
-            )
+        if is_gpu_spec(s):
+            out.extend(jetson_gpu_devices(spec, s, fs))
+            continue
         if s in NPU_SPECS:
             out.append(_npu_device(s, fs))
             continue
@@ -312,9 +309,8 @@ def resolve_devices(
             if clusters is None:
                 clusters = [c for c in discover_cpu_clusters(fs) if c.cpus]
             chosen = [c for c in clusters if s == "clusters" or c.role == s]
-            if not chosen and s == "big" and len(clusters) == 1:
-                chosen = clusters  # a homogeneous host: its one cluster is both big and little
-            if not chosen and s == "little" and len(clusters) == 1:
+            if not chosen and s in ("big", "little") and all(c.role == "cpu" for c in clusters):
+                # a homogeneous host (one cluster, or all alike as on a Jetson Orin): each is both big and little
                 chosen = clusters
             if not chosen:
                 raise DeviceSpecError(f"device spec {spec!r}: the host has no {s} CPU cluster")

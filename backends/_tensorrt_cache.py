@@ -1,0 +1,163 @@
+"""A content-addressed cache of serialized TensorRT engines (and of the stages TensorRT refused).
+
+Layout under the cache directory (``Device.options["cache_dir"]``, else ``HETSCHED_TENSORRT_CACHE``,
+else ``$XDG_CACHE_HOME/hetsched/tensorrt-cache``, ``~/.cache`` when XDG_CACHE_HOME is unset)::
+
+    <kk>/<key>.engine   the serialized engine (``IHostMemory`` bytes)
+    <kk>/<key>.json     the verdict: {"ok": bool, "message": str, "seconds": float}
+
+``key`` is :func:`engine_cache_key`: engines are not portable across TensorRT, CUDA or driver
+versions, GPU architectures, or between the GPU and a DLA core, so each of those is in the key
+(../shared/reference/accelerators.md §2, "Engine cache key"). Files are written to a temporary
+name in their final directory and renamed into place; nothing is written outside the directory.
+RKNN's cache (``hetsched._rknn.cache``) is not reused: it is shaped around the toolkit's files
+and lives in a layer this backend may not import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetsched._errors import BackendError
+
+__all__ = ["EngineCache", "EngineCacheStatistics", "default_engine_cache_dir", "engine_cache_key"]
+
+_KEY_VERSION = 1
+"""Bumped when what a key covers changes, so old entries are never read under a new meaning."""
+
+
+def default_engine_cache_dir(options: Mapping[str, Any] | None = None) -> Path:
+    """``options["cache_dir"]``, else ``$HETSCHED_TENSORRT_CACHE``, else
+    ``$XDG_CACHE_HOME/hetsched/tensorrt-cache`` (``~/.cache/hetsched/tensorrt-cache``)."""
+    given = (options or {}).get("cache_dir") or os.environ.get("HETSCHED_TENSORRT_CACHE")
+    if given:
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "hetsched" / "tensorrt-cache"
+
+
+def engine_cache_key(
+    model_bytes: bytes,
+    *,
+    tensorrt_version: str,
+    cuda_version: int,
+    driver_version: int,
+    gpu_name: str,
+    compute_capability: tuple[int, int],
+    dla_core: int | None,
+    precision: str,
+    profiles: Sequence[tuple[str, Sequence[int], Sequence[int], Sequence[int]]] = (),
+    workspace: int | None = None,
+    compatibility: str = "",
+    plugins: Sequence[str] = (),
+) -> str:
+    """The cache key (64 hex digits) of building ``model_bytes`` (the prepared, serialized stage)
+    with these settings. ``profiles`` is ``(input, min, opt, max)`` per free input (order does not
+    matter); ``cuda_version`` / ``driver_version`` are ``cudaRuntimeGetVersion`` /
+    ``cudaDriverGetVersion``; ``compatibility`` names hardware/version-compatibility flags,
+    ``plugins`` the plugin libraries loaded."""
+    h = hashlib.sha256()
+    h.update(hashlib.sha256(model_bytes).digest())
+    settings = {
+        "v": _KEY_VERSION, "tensorrt": tensorrt_version, "cuda": int(cuda_version), "driver": int(driver_version),
+        "gpu": gpu_name, "sm": [int(compute_capability[0]), int(compute_capability[1])],
+        "dla_core": dla_core, "precision": precision,
+        "profiles": sorted([str(n), [int(x) for x in lo], [int(x) for x in opt], [int(x) for x in hi]]
+                           for n, lo, opt, hi in profiles),
+        "workspace": workspace, "compatibility": compatibility, "plugins": sorted(plugins),
+    }
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class EngineCacheStatistics:
+    conversions: int
+    """Engines built (cache misses), refusals included."""
+    cache_hits: int
+    """Lookups answered by the cache (a stored engine or refusal)."""
+    refusals_cached: int
+    """Of ``cache_hits``, stored refusals."""
+    seconds: float
+    """Seconds spent building."""
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class EngineCache:
+    """The engines under one directory, with counters. Thread-safe; processes may share it."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+        self._builds = 0
+        self._hits = 0
+        self._refusals = 0
+        self._seconds = 0.0
+
+    def _entry(self, key: str, suffix: str) -> Path:
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise ValueError(f"not a cache key: {key!r}")
+        return self.directory / key[:2] / f"{key}{suffix}"
+
+    def engine_path(self, key: str) -> Path:
+        return self._entry(key, ".engine")
+
+    def lookup(self, key: str) -> bytes | str | None:
+        """The stored engine (bytes), the stored refusal (its message), or None (no entry, an
+        unreadable one, or a success whose engine is gone); a hit is counted.
+
+        :raises ValueError: ``key`` is not a key (64 hex digits).
+        """
+        verdict, engine = self._entry(key, ".json"), self.engine_path(key)  # a bad key raises here
+        try:
+            data = json.loads(verdict.read_text())
+            ok, message = bool(data["ok"]), str(data["message"])
+            result: bytes | str = engine.read_bytes() if ok else message
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        with self._lock:
+            self._hits += 1
+            self._refusals += not ok
+        return result
+
+    def store(self, key: str, engine: bytes | None, message: str, seconds: float) -> None:
+        """Record a build: the engine (None: refused, with ``message``), then the verdict.
+
+        :raises BackendError: the cache directory cannot be written.
+        """
+        with self._lock:
+            self._builds += 1
+            self._seconds += seconds
+        verdict = {"ok": engine is not None, "message": message, "seconds": seconds}
+        try:
+            if engine is not None:
+                _atomic_write(self.engine_path(key), engine)
+            _atomic_write(self._entry(key, ".json"), json.dumps(verdict, indent=1).encode())
+        except OSError as exc:
+            raise BackendError(f"cannot write the TensorRT engine cache under {str(self.directory)!r}: {exc}") from exc
+
+    def statistics(self) -> EngineCacheStatistics:
+        with self._lock:
+            return EngineCacheStatistics(self._builds, self._hits, self._refusals, self._seconds)

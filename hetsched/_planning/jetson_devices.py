@@ -1,0 +1,122 @@
+"""The GPU and DLA cores of a real Jetson Orin (the host's ``/``, not a twin's tree).
+
+Specs (:func:`jetson_gpu_devices`): ``gpu`` / ``gpu:0`` (the Orin's one GPU), ``dla`` (every DLA
+core), ``dla:N``; each with ``:ort`` appended (``gpu:ort``, ``dla:0:ort``) for onnxruntime's
+TensorRT/CUDA providers (backend ``ort-gpu``) instead of the native ``tensorrt`` backend.
+
+DLA cores are counted from the board's platform devices (``sys/bus/platform/devices/*.nvdlaN``)
+or, where readable, the debugfs engine clocks jtop reads (``sys/kernel/debug/clk/dlaN_core``);
+with neither, from NVIDIA's module data: AGX Orin and Orin NX 16GB two, Orin Nano none
+(https://developer.nvidia.com/embedded/jetson-modules; the NX 8GB has one, which the platform
+devices tell).
+"""
+
+from __future__ import annotations
+
+import re
+
+from hetsched.backends import Device
+
+from .._errors import DeviceSpecError
+from .._platform import devfreq, soc
+from .._platform._fs import SysfsRoot
+
+__all__ = ["JETSON_GPU_SOCS", "dla_core_count", "is_gpu_spec", "jetson_gpu_devices"]
+
+JETSON_GPU_SOCS = ("orin-agx", "orin-nx", "orin-nano")
+
+_SPEC_RE = re.compile(r"(?P<kind>gpu|dla)(?::(?P<index>\d+))?(?P<ort>:ort)?")
+_MODULE_DLA_CORES = {"orin-agx": 2, "orin-nx": 2, "orin-nano": 0}
+_PLATFORM_DEVICES = "sys/bus/platform/devices"
+_DEBUG_CLK = "sys/kernel/debug/clk"
+_MAX_DLA = 8
+
+# Priors of the analytic cost model, replaced by measured stage times: CUDA cores per module
+# (AGX Orin 64GB 2048, Orin NX 16GB 1024, Orin Nano 8GB 1024) at 2 fp32 FLOPs per core per clock
+# (one fused multiply-add), and a DLA core at half the modules' DLA/GPU sparse-INT8 ratio
+# (AGX Orin 64GB: 105 DLA TOPS over two cores, 170 GPU TOPS), both from
+# https://developer.nvidia.com/embedded/jetson-modules. 1 GHz is assumed where devfreq gives no clock.
+_CUDA_CORES = {"orin-agx": 2048, "orin-nx": 1024, "orin-nano": 1024}
+_DLA_PER_GPU = 105.0 / 170.0 / 2
+_DEFAULT_GPU_HZ = 1_000_000_000
+_MEM_BW = 1.0e10
+
+
+def is_gpu_spec(s: str) -> bool:
+    """``s`` (stripped, lower case) names a GPU or DLA device (well formed or not)."""
+    return s in ("gpu", "dla") or s.startswith(("gpu:", "dla:"))
+
+
+def dla_core_count(fs: SysfsRoot, soc_name: str) -> int:
+    """The DLA cores of the Orin under ``fs`` (see the module docstring for where they are counted)."""
+    found: set[int] = set()
+    for entry in fs.listdir(_PLATFORM_DEVICES) if fs.is_dir(_PLATFORM_DEVICES) else []:
+        m = re.search(r"\.nvdla(\d+)$", entry)
+        if m:
+            found.add(int(m.group(1)))
+    for n in range(_MAX_DLA):
+        if fs.exists(f"{_DEBUG_CLK}/dla{n}_core"):
+            found.add(n)
+    if found:
+        return max(found) + 1
+    return _MODULE_DLA_CORES.get(soc_name, 0)
+
+
+def _specs_of(dla: int) -> str:
+    cores = [f"dla:{n}" for n in range(dla)]
+    base = ["gpu", "gpu:0", *(["dla", *cores] if dla else [])]
+    return ", ".join([*base, *(f"{b}:ort" for b in base)])
+
+
+def jetson_gpu_devices(spec: str, s: str, fs: SysfsRoot) -> list[Device]:
+    """The devices of a GPU/DLA spec (``s``: stripped, lower case) on the real board under ``fs``.
+
+    :raises DeviceSpecError: malformed spec, the board is not a Jetson Orin (on an RK3588 the
+        Mali GPU has no backend), or it lacks the GPU index / DLA core named (the message lists
+        the specs it has).
+    """
+    m = _SPEC_RE.fullmatch(s)
+    if m is None:
+        raise DeviceSpecError(f"device spec {spec!r}: expected gpu, gpu:0, dla, dla:N, each optionally with "
+                              "':ort' (onnxruntime's GPU providers)")
+    compatible = soc.read_compatible(fs)
+    soc_name = soc.identify_soc(compatible, fs.read_text("etc/nv_tegra_release"))
+    if soc_name not in JETSON_GPU_SOCS:
+        if soc_name == "rk3588":
+            raise DeviceSpecError(f"device spec {spec!r}: the RK3588's Mali GPU has no backend in hetsched; its NPU "
+                                  "is 'npu' (the GPU and DLA backends target Jetson Orin)")
+        raise DeviceSpecError(
+            f"device spec {spec!r}: no Jetson Orin under {str(fs.root)!r} (looked for a tegra234 device-tree "
+            f"compatible with an Orin module number and etc/nv_tegra_release; found {soc_name or 'neither'}); "
+            "GPU and DLA devices need a Jetson Orin, or a twin's root for simulated ones"
+        )
+    dla = dla_core_count(fs, soc_name)
+    backend = "ort-gpu" if m.group("ort") else "tensorrt"
+    suffix = ":ort" if m.group("ort") else ""
+    index = int(m.group("index")) if m.group("index") is not None else None
+    nodes = [d for d in devfreq.read_devices(fs) if d.kind == "gpu"]
+    gpu_hz = nodes[0].max_hz if nodes and nodes[0].max_hz else None
+    gpu_peak = 2.0 * _CUDA_CORES[soc_name] * (gpu_hz or _DEFAULT_GPU_HZ)
+    if m.group("kind") == "gpu":
+        if index not in (None, 0):
+            raise DeviceSpecError(f"device spec {spec!r}: the {soc_name} board has one GPU (gpu:0); its specs: "
+                                  f"{_specs_of(dla)}")
+        return [Device(
+            name=f"gpu{suffix}", kind="gpu", backend=backend,
+            memory_domain="host",  # Jetson's unified memory: the GPU maps the pool's pinned host buffers
+            domain="gpu", max_freq_khz=gpu_hz // 1000 if gpu_hz else None, peak_flops=gpu_peak,
+            mem_bandwidth=_MEM_BW, options={"device_id": 0, "soc": soc_name},
+        )]
+    cores = range(dla) if index is None else [index]
+    if not dla or (index is not None and index >= dla):
+        has = f"{dla} DLA core{'s' if dla != 1 else ''}" + (f" ({', '.join(f'dla:{n}' for n in range(dla))})" if dla else "")
+        raise DeviceSpecError(f"device spec {spec!r}: the {soc_name} board under {str(fs.root)!r} has {has}; "
+                              f"its specs: {_specs_of(dla)}")
+    return [
+        Device(
+            name=f"dla:{n}{suffix}", kind="dla", backend=backend, memory_domain="host", domain=f"dla{n}",
+            peak_flops=gpu_peak * _DLA_PER_GPU, mem_bandwidth=_MEM_BW,
+            options={"device_id": 0, "dla_core": n, "soc": soc_name},
+        )
+        for n in cores
+    ]
