@@ -16,11 +16,9 @@ and lives in a layer this backend may not import.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetsched._errors import BackendError
+from hetsched._platform.files import atomic_write as _atomic_write
 
 __all__ = ["EngineCache", "EngineCacheStatistics", "default_engine_cache_dir", "engine_cache_key"]
 
@@ -90,19 +89,6 @@ class EngineCacheStatistics:
     """Of ``cache_hits``, stored refusals."""
     seconds: float
     """Seconds spent building."""
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class EngineCache:

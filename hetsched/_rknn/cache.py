@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BackendError
+from .._platform.files import atomic_write as _atomic_write
 
 __all__ = [
     "CacheStatistics",
@@ -135,19 +136,6 @@ class CacheStatistics:
     """Of ``cache_hits``, those that answered with a stored refusal (no conversion tried)."""
     seconds: float
     """Toolkit time spent converting."""
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 class CompileCache:
