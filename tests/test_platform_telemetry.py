@@ -255,13 +255,17 @@ def test_telemetry_on_twin_boards(tmp_path: Path, boards: Any, soc: str) -> None
 @pytest.mark.anyio
 async def test_outer_cancellation_closes_cleanly(tmp_path: Path) -> None:
     tm = Telemetry(write_tree(tmp_path, rk3588_tree()), period_s=0.005)
-    with anyio.move_on_after(0.05) as scope:
-        async with tm:
-            await anyio.sleep(10)
+    with anyio.fail_after(30):  # a bound only: the test waits for samples, not for time
+        with anyio.CancelScope() as scope:
+            async with tm:
+                await tm.wait_sample()  # the periodic task runs (however loaded the machine is)
+                await tm.wait_sample()
+                scope.cancel()  # an outer cancellation while the sampler is running
+                await anyio.sleep(10)
     assert scope.cancelled_caught
     n = tm.statistics().samples
     assert n >= 2
-    await anyio.sleep(0.03)
+    await anyio.sleep(0.03)  # the sampler stopped with the block: no sample after it
     assert tm.statistics().samples == n
 
 
