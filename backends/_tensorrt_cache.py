@@ -19,13 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hetsched._errors import BackendError
+from hetsched._platform.files import CacheStatistics, ContentCache
 from hetsched._platform.files import atomic_write as _atomic_write
 
 __all__ = ["EngineCache", "EngineCacheStatistics", "default_engine_cache_dir", "engine_cache_key"]
@@ -79,33 +78,12 @@ def engine_cache_key(
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class EngineCacheStatistics:
-    conversions: int
-    """Engines built (cache misses), refusals included."""
-    cache_hits: int
-    """Lookups answered by the cache (a stored engine or refusal)."""
-    refusals_cached: int
-    """Of ``cache_hits``, stored refusals."""
-    seconds: float
-    """Seconds spent building."""
+EngineCacheStatistics = CacheStatistics
+"""The engine cache's counters (``conversions`` are engine builds)."""
 
 
-class EngineCache:
+class EngineCache(ContentCache):
     """The engines under one directory, with counters. Thread-safe; processes may share it."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self._lock = threading.Lock()
-        self._builds = 0
-        self._hits = 0
-        self._refusals = 0
-        self._seconds = 0.0
-
-    def _entry(self, key: str, suffix: str) -> Path:
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"not a cache key: {key!r}")
-        return self.directory / key[:2] / f"{key}{suffix}"
 
     def engine_path(self, key: str) -> Path:
         return self._entry(key, ".engine")
@@ -123,9 +101,7 @@ class EngineCache:
             result: bytes | str = engine.read_bytes() if ok else message
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        with self._lock:
-            self._hits += 1
-            self._refusals += not ok
+        self._count_hit(not ok)
         return result
 
     def store(self, key: str, engine: bytes | None, message: str, seconds: float) -> None:
@@ -133,9 +109,7 @@ class EngineCache:
 
         :raises BackendError: the cache directory cannot be written.
         """
-        with self._lock:
-            self._builds += 1
-            self._seconds += seconds
+        self._count_conversion(seconds)
         verdict = {"ok": engine is not None, "message": message, "seconds": seconds}
         try:
             if engine is not None:
@@ -143,7 +117,3 @@ class EngineCache:
             _atomic_write(self._entry(key, ".json"), json.dumps(verdict, indent=1).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the TensorRT engine cache under {str(self.directory)!r}: {exc}") from exc
-
-    def statistics(self) -> EngineCacheStatistics:
-        with self._lock:
-            return EngineCacheStatistics(self._builds, self._hits, self._refusals, self._seconds)

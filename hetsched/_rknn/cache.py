@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import BackendError
+from .._platform.files import CacheStatistics, ContentCache
 from .._platform.files import atomic_write as _atomic_write
 
 __all__ = [
@@ -126,34 +126,9 @@ class Verdict:
         return json.dumps(data, indent=1)
 
 
-@dataclass(frozen=True)
-class CacheStatistics:
-    conversions: int
-    """Conversions run by the toolkit (cache misses), refusals included."""
-    cache_hits: int
-    """Lookups the cache answered (a stored success or refusal)."""
-    refusals_cached: int
-    """Of ``cache_hits``, those that answered with a stored refusal (no conversion tried)."""
-    seconds: float
-    """Toolkit time spent converting."""
-
-
-class CompileCache:
-    """The entries under one directory, with counters. Thread-safe; several processes may share
-    a directory (entries are replaced whole)."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self._lock = threading.Lock()
-        self._conversions = 0
-        self._hits = 0
-        self._refusals = 0
-        self._seconds = 0.0
-
-    def _entry(self, key: str, suffix: str) -> Path:
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"not a cache key: {key!r}")
-        return self.directory / key[:2] / f"{key}{suffix}"
+class CompileCache(ContentCache):
+    """The converted stages and verdicts under one directory, with counters. Thread-safe; several
+    processes may share a directory (entries are replaced whole)."""
 
     def onnx_path(self, key: str) -> Path:
         return self._entry(key, ".onnx")
@@ -198,10 +173,7 @@ class CompileCache:
             return None
         if verdict.ok and not self.rknn_path(key).is_file():
             return None
-        with self._lock:
-            self._hits += 1
-            if not verdict.ok:
-                self._refusals += 1
+        self._count_hit(not verdict.ok)
         return verdict
 
     def store(self, key: str, verdict: Verdict, exported: Path | None = None) -> None:
@@ -210,9 +182,7 @@ class CompileCache:
 
         :raises BackendError: the cache directory cannot be written.
         """
-        with self._lock:
-            self._conversions += 1
-            self._seconds += verdict.seconds
+        self._count_conversion(verdict.seconds)
         try:
             if exported is not None:
                 if verdict.ok:
@@ -242,7 +212,3 @@ class CompileCache:
             _atomic_write(path, json.dumps(data, indent=1).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
-
-    def statistics(self) -> CacheStatistics:
-        with self._lock:
-            return CacheStatistics(self._conversions, self._hits, self._refusals, self._seconds)
