@@ -19,6 +19,8 @@ def register(subparsers: Any) -> None:
         description=(
             "Write the sysfs/procfs tree of a simulated board under DIR and keep it updated from the twin's "
             "power/thermal model; writes to governor/min/max/setspeed files are applied as the kernel would. "
+            "Nothing outside DIR is written, created or deleted: an existing tree in which a symlink leads out "
+            "of DIR is refused (exit status 1, the message names the path). "
             "This is a SIMULATOR calibrated from public data, not a board."
         ),
     )

@@ -12,6 +12,7 @@ import bisect
 import fcntl
 import mmap
 import os
+import stat
 import struct
 import threading
 from pathlib import Path
@@ -19,7 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._errors import PlatformError
+from .._errors import PathOutsideRootError, PlatformError, SysfsError
+from .._platform._fs import SysfsRoot
 
 __all__ = ["ALIGNMENT", "SLAB_BYTES", "locate_shared", "size_class"]
 
@@ -76,8 +78,8 @@ class _MemfdBacking:
 class _DmaHeapBacking:
     name = "dma-heap"
 
-    def __init__(self, heap: Path) -> None:
-        self._heap_fd = os.open(heap, os.O_RDWR | os.O_CLOEXEC)
+    def __init__(self, heap_fd: int) -> None:
+        self._heap_fd = heap_fd  # owned: see _open_heap
 
     def map(self, size: int) -> tuple[int, mmap.mmap]:
         req = bytearray(_DMA_HEAP_DATA.pack(size, 0, os.O_RDWR | os.O_CLOEXEC, 0))
@@ -106,27 +108,74 @@ class _AnonymousBacking:
 _BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking
 
 
+def _open_heap(root: str | os.PathLike[str], heap: str) -> tuple[int | None, str]:
+    """A descriptor of the dma-buf heap ``<root>/dev/dma_heap/<heap>``, or None and why not.
+
+    The path is resolved inside ``root`` (:class:`~hetsched._platform._fs.SysfsRoot`): a heap
+    that is a link leading out of the root is not opened, nor is anything that is not a
+    character device (opening a FIFO or a device elsewhere can have side effects of its own).
+    The type is checked before the open and again on the descriptor, so a node swapped in
+    between is caught; the open does not follow a link.
+
+    Raises:
+        PlatformError: ``heap`` is not a plain name (it has a ``/``, or is ``.`` or ``..``).
+    """
+    if not heap or "/" in heap or "\0" in heap or heap in (".", ".."):
+        raise PlatformError(f"dma_heap {heap!r}: not a heap name (a file name under dev/dma_heap)")
+    shown = Path(root, "dev", "dma_heap", heap)
+    try:
+        path = SysfsRoot(root).resolve(f"dev/dma_heap/{heap}")
+    except PathOutsideRootError as exc:
+        return None, f"dma-heap {shown} not opened: {exc.strerror}"
+    except SysfsError:  # the root itself is not a directory
+        return None, f"no dma-heap at {shown}"
+    try:
+        st = os.stat(path.path)
+    except OSError:
+        return None, f"no dma-heap at {shown}"
+    if not stat.S_ISCHR(st.st_mode):
+        return None, f"dma-heap {shown} unusable: {_kind(st.st_mode)}, not a character device (not opened)"
+    try:
+        fd = os.open(path.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        return None, f"dma-heap {shown} unusable ({exc.strerror or exc})"
+    again = os.fstat(fd)
+    if not stat.S_ISCHR(again.st_mode) or again.st_rdev != st.st_rdev:
+        os.close(fd)
+        return None, f"dma-heap {shown} unusable: it changed while being opened"
+    return fd, ""
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(mode):
+            return what
+    return "not a device"
+
+
 def _open_backing(
     kind: Backing, root: str | os.PathLike[str], heap: str, label: str
 ) -> tuple[_BackingImpl, str | None]:
-    """Pick the backing; returns it and, when ``auto`` fell back, why."""
+    """Pick the backing; returns it and, when ``auto`` fell back, why.
+
+    Raises:
+        PlatformError: an explicitly requested backing is unavailable (the message says why),
+            or ``heap`` is not a plain name.
+    """
     why: str | None = None
     if kind in ("auto", "dma-heap"):
-        path = Path(root, "dev", "dma_heap", heap)
-        if path.exists():
-            backing: _DmaHeapBacking | None = None
+        heap_fd, why = _open_heap(root, heap)
+        if heap_fd is not None:
+            backing = _DmaHeapBacking(heap_fd)
             try:
-                backing = _DmaHeapBacking(path)
                 fd, mm = backing.map(mmap.PAGESIZE)  # probe: a fake or broken heap fails here
                 mm.close()
                 os.close(fd)
                 return backing, None
             except OSError as exc:
-                if backing is not None:
-                    backing.close()
-                why = f"dma-heap {path} unusable ({exc.strerror or exc})"
-        else:
-            why = f"no dma-heap at {path}"
+                backing.close()
+                why = f"dma-heap {Path(root, 'dev', 'dma_heap', heap)} unusable ({exc.strerror or exc})"
         if kind == "dma-heap":
             raise PlatformError(f"cannot allocate from a dma-buf heap: {why}")
     if kind in ("auto", "memfd") and hasattr(os, "memfd_create"):

@@ -37,11 +37,14 @@ class BufferPool:
     :param capacity_bytes: bound on size-class bytes held by live buffers; None = unbounded.
     :param backing: ``"auto"`` (dma-heap, else memfd, else anonymous) or one of them explicitly.
     :param root: filesystem root under which ``dev/dma_heap`` is looked up (inject a fake tree
-        in tests; ``"/"`` on a board).
-    :param dma_heap: which heap under ``dev/dma_heap`` to allocate from.
+        in tests; ``"/"`` on a board). The heap is resolved inside it: one that is a symlink
+        leading out of the root, or is not a character device, is never opened (``auto`` falls
+        back to memfd and :attr:`backing_note` says why).
+    :param dma_heap: which heap under ``dev/dma_heap`` to allocate from (a plain file name).
     :param evict_when_full: when the budget is exhausted, evict idle (ALLOCATED) buffers, oldest
         first, before making the caller wait or raising ``WouldBlock``.
-    :raises PlatformError: an explicitly requested backing is unavailable.
+    :raises PlatformError: an explicitly requested backing is unavailable, or ``dma_heap`` is
+        not a plain name (has a ``/``, or is ``.``/``..``).
     :raises BufferStateError: ``capacity_bytes`` is not positive.
 
     Also a context manager: leaving ``with`` calls :meth:`close`.

@@ -92,6 +92,11 @@ class LiveTwin:
     Raises:
         TwinError: bad ``speed``/``period_s``/``flaky`` or ``root`` not a directory.
         UnknownSocError: unknown ``soc`` or ``variant``.
+
+    Every write, read, link and delete of the tree stays inside ``root``: a symlink planted in
+    it that leads out makes :meth:`write_once`, :meth:`advance` and :meth:`poll_writes` (so the
+    running twin) raise :class:`~hetsched.PathOutsideRootError` instead (see
+    :mod:`hetsched._twin.tree_walk`).
     """
 
     def __init__(
@@ -191,7 +196,13 @@ class LiveTwin:
     # ------------------------------------------------------------------ synchronous API
 
     def write_once(self) -> Path:
-        """Write a consistent snapshot of the board now (creating the tree if needed); returns the root."""
+        """Write a consistent snapshot of the board now (creating the tree if needed); returns the root.
+
+        Raises:
+            PathOutsideRootError: a symlink in an existing tree leads a path out of the root
+                (refused before anything outside is touched).
+            TwinError: a file or directory of the tree is in the way, or the root cannot be made.
+        """
         if not self._materialised:
             self.sim.board_state(self._state)
             self._fill_jiffies()
@@ -207,20 +218,23 @@ class LiveTwin:
         Raises:
             TwinError: negative ``board_seconds``; the twin's load channel under the root is a
                 symlink or not a directory (checked when the twin first opens it).
+            PathOutsideRootError: a symlink planted in the tree leads a knob or file out of the
+                root (refused: nothing outside is read or written).
         """
         if not board_seconds >= 0:
             raise TwinError(f"advance({board_seconds!r}): must be >= 0")
-        if not self._materialised:
-            self.write_once()
-        load = self._open_load()
-        self.poll_writes()
-        if board_seconds > 0:
-            # Read only when time passes: work reported during a zero-length update is the next
-            # period's.
-            self._apply_load(load.read(), board_seconds)
-            self.sim.step(board_seconds)
-            self._account_jiffies(board_seconds)
-        self._render()
+        with self.tree.batch():  # one set of directory descriptors for the poll and the render
+            if not self._materialised:
+                self.write_once()
+            load = self._open_load()
+            self.poll_writes()
+            if board_seconds > 0:
+                # Read only when time passes: work reported during a zero-length update is the next
+                # period's.
+                self._apply_load(load.read(), board_seconds)
+                self.sim.step(board_seconds)
+                self._account_jiffies(board_seconds)
+            self._render()
 
     def report_utilisation(self, domain: str, util: float) -> None:
         """A workload reports ``domain``'s busy fraction (0..1) until changed.
@@ -301,18 +315,23 @@ class LiveTwin:
         """Apply (or reject and revert) every knob the runtime changed since the last update.
 
         Returns the number of writes seen.
+
+        Raises:
+            PathOutsideRootError: a knob, or a directory above it, was replaced by a symlink
+                leading out of the root (it is neither read nor written).
         """
+        with self.tree.batch():
+            return self._poll_writes()
+
+    def _poll_writes(self) -> int:
         seen = 0
         changed: list[tuple[int, int, int, Path, str, str, bytes]] = []
         for order, (path, (domain, knob)) in enumerate(self.tree.knobs.items()):
             mine = self.tree.written(path)
-            try:
-                now = path.read_bytes()
-                mtime = path.stat().st_mtime_ns
-            except FileNotFoundError:
+            got = self.tree.read(path)  # contained: a knob linked out of the root raises
+            if got is None:
                 continue
-            except OSError:
-                continue
+            now, mtime = got
             if mine is not None and now == mine:
                 self._maybe_partial.discard(path)
                 continue

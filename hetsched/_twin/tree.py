@@ -22,9 +22,11 @@ The vendor parts live in :mod:`~hetsched._twin.tree_rockchip` and
 :mod:`~hetsched._twin.tree_tegra` (chosen by the profile's ``quirks.sysfs_writer``); the
 low-level file writing in :mod:`~hetsched._twin.tree_files`.
 
-All writes go through :meth:`BoardTree.put`, which writes atomically (temp file +
-``os.replace``) and remembers the bytes, so a live twin can tell the runtime's writes
-from its own.
+All writes go through :meth:`BoardTree.put`, which writes atomically (temp file + rename in
+the same directory) and remembers the bytes, so a live twin can tell the runtime's writes
+from its own. Every write, link, mkdir and delete is contained in the root
+(:mod:`~hetsched._twin.tree_walk`): a symlink planted in an existing tree that leads out of
+it is refused with :class:`~hetsched.PathOutsideRootError`, never followed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+from .._errors import TwinError
 from .schema import DomainProfile, SocProfile
 from .state import BoardState, boot_state, governors_for
 from .tree_files import OfflineStyle, TreeFiles, kernel_list, khz
@@ -89,10 +92,24 @@ class BoardTree(TreeFiles):
     # -- whole tree -------------------------------------------------------------
 
     def materialise(self, state: BoardState | None = None) -> BoardState:
-        """Create every directory, symlink and file, rendering ``state`` (boot state if None)."""
+        """Create every directory, symlink and file, rendering ``state`` (boot state if None).
+
+        Raises:
+            PathOutsideRootError: a symlink in an existing tree leads a path outside the root
+                (nothing outside is touched; what was written before stays).
+            TwinError: the root cannot be made, or a file or directory is in the way.
+        """
         if state is None:
             state = boot_state(self.profile, self.variant)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TwinError(f"cannot make the twin root {self.root}: {exc.strerror or exc}") from exc
+        with self.batch():
+            self._materialise(state)
+        return state
+
+    def _materialise(self, state: BoardState) -> None:
         self._static_common()
         for d in self.profile.domains:
             if d.kind == "cpu":
@@ -102,19 +119,24 @@ class BoardTree(TreeFiles):
         self._thermal_static()
         self.vendor.extras_static()
         self.render(state)
-        return state
 
     def render(self, state: BoardState) -> None:
-        """Rewrite every dynamic file from ``state`` (unchanged contents are skipped)."""
+        """Rewrite every dynamic file from ``state`` (unchanged contents are skipped).
+
+        Raises:
+            PathOutsideRootError: a symlink planted in the tree leads a path outside the root.
+            TwinError: a file or directory is in the way.
+        """
         prof = self.profile
-        for d in prof.domains:
-            if d.kind == "cpu":
-                self._cpufreq_render(d, state)
-            else:
-                self.vendor.domain_render(d, state)
-        self._thermal_render(state)
-        self._proc_stat_render(state)
-        self.vendor.extras_render(state)
+        with self.batch():
+            for d in prof.domains:
+                if d.kind == "cpu":
+                    self._cpufreq_render(d, state)
+                else:
+                    self.vendor.domain_render(d, state)
+            self._thermal_render(state)
+            self._proc_stat_render(state)
+            self.vendor.extras_render(state)
 
     # -- common -------------------------------------------------------------------
 
@@ -219,12 +241,9 @@ class BoardTree(TreeFiles):
         want = governor if (cpufreq and governor in _GOV_TUNABLES) else None
         for g in _GOV_TUNABLES:
             d = parent / g
-            if g != want and d.is_dir():
-                for f in d.iterdir():
-                    self.forget(f)
-                    f.unlink()
-                d.rmdir()
-        if want is not None and not (parent / want).is_dir():
+            if g != want and self.is_dir(d):
+                self.remove_dir(d)
+        if want is not None and not self.is_dir(parent / want):
             for k, v in _GOV_TUNABLES[want].items():
                 self.put(parent / want / k, f"{v}\n", 0o644)
 

@@ -1,26 +1,43 @@
-"""The files of a twin board tree: atomic writes under a root, and the generic devfreq ABI.
+"""The files of a twin board tree: contained atomic writes under a root, and the generic devfreq ABI.
 
 :class:`TreeFiles` is the low-level half of :class:`~hetsched._twin.tree.BoardTree`: every
-write goes through :meth:`TreeFiles.put` (temp file + ``os.replace``, remembering the bytes so
-a live twin can tell the runtime's writes from its own), symlinks are relative, and nothing is
-written outside the root. It also renders the devfreq class files both vendors share (Linux
-``Documentation/ABI/testing/sysfs-class-devfreq``).
+write goes through :meth:`TreeFiles.put` (temp file + rename inside the file's directory,
+remembering the bytes so a live twin can tell the runtime's writes from its own), symlinks are
+relative, and nothing outside the root is ever opened, written, created, renamed or deleted.
+
+Containment (:class:`~hetsched._twin.tree_walk.ContainedRoot`, the same rule
+:class:`~hetsched._platform._fs.SysfsRoot` gives readers): a path is resolved one component at
+a time from a descriptor of the root, every directory opened with ``O_NOFOLLOW``, each symlink
+met read and resolved by hand. A link that stays inside the root is followed (sysfs is full of
+them, ``class/... -> ../../devices/...``); one that leaves it (an absolute target elsewhere, or
+``..`` above the root) is refused with :class:`~hetsched.PathOutsideRootError` naming the path
+and the link, before anything is touched. Files are created with ``O_CREAT | O_EXCL |
+O_NOFOLLOW`` and renamed relative to their directory's descriptor, so a link planted at a
+file's or a temp file's name is replaced, never written through.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import posixpath
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from .._errors import PathOutsideRootError, TwinError
+from .._errors import TwinError
 from .schema import DomainProfile, SocProfile
 from .state import BoardState, governors_for
+from .tree_walk import ContainedRoot
 
 __all__ = ["OfflineStyle", "TreeFiles", "khz", "kernel_list"]
 
 OfflineStyle = Literal["-256000", "eagain"]
+
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_READ_LIMIT = 65536  # knobs are a few bytes; a planted huge file cannot stall a poll
 
 
 def khz(hz: int) -> int:
@@ -33,7 +50,10 @@ def kernel_list(values: Iterable[object]) -> str:
 
 
 class TreeFiles:
-    """The files of one board under ``root``: atomic writes, links, and the knobs a live twin watches.
+    """The files of one board under ``root``: contained atomic writes, links, and the knobs a live twin watches.
+
+    Every method taking a path accepts one relative to the root (``"sys/..."``) or an absolute
+    :class:`~pathlib.Path` below it (the form of :attr:`knobs` and :attr:`dyn`).
 
     Raises:
         TwinError: ``root`` exists and is not a directory.
@@ -54,6 +74,7 @@ class TreeFiles:
         self.variant = variant if variant is not None else profile.default_variant
         self.layout = profile.layout(self.variant)
         self.offline_style: OfflineStyle = offline_style
+        self.fs = ContainedRoot(self.root)
         self._written: dict[Path, bytes] = {}
         self.knobs: dict[Path, tuple[str, str]] = {}
         """Writable path -> (domain or "", knob) the live twin watches."""
@@ -68,26 +89,65 @@ class TreeFiles:
         p = self.root / rel
         return p
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Share directory descriptors between the operations inside (one render, one poll).
+
+        See :meth:`ContainedRoot.batch`.
+        """
+        with self.fs.batch():
+            yield
+
     def put(self, rel: str | Path, text: str | bytes, mode: int = 0o444) -> Path:
-        """Write ``text`` at ``rel`` (relative to the root) atomically with ``mode``.
+        """Write ``text`` at ``rel`` atomically with ``mode``, creating missing directories.
+
+        Unchanged content the twin wrote itself is skipped. A symlink at ``rel`` that stays
+        inside the root is written through (its target replaced); one leading out is refused.
 
         Raises:
-            PathOutsideRootError: ``rel`` escapes the root.
+            PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root
+                (nothing was opened or written).
+            TwinError: a directory is in the way, or the write failed (the message names the path).
         """
-        p = rel if isinstance(rel, Path) and rel.is_absolute() else self.root / rel
-        if not os.path.normpath(p).startswith(str(self.root) + os.sep):
-            raise PathOutsideRootError(f"refusing to write {p}: outside twin root {self.root}")
+        p, parts = self.fs.split(rel)
         data = text.encode() if isinstance(text, str) else text
-        if self._written.get(p) == data and p.exists():
-            return p
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.twin-tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, p)
+        what = f"write {p}"
+        with self.fs.batch():
+            r = self.fs.resolve(parts, create=True, what=what)
+            if r is None:  # create=True makes every parent
+                raise TwinError(f"cannot write {p}: its directory could not be made")
+            dfd, name, st = r
+            if st is not None and stat.S_ISREG(st.st_mode) and self._written.get(p) == data:
+                return p
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise TwinError(f"cannot write {p}: a directory is in the way")
+            self._replace(dfd, name, data, mode, p)
         self._written[p] = data
         return p
+
+    @staticmethod
+    def _replace(dfd: int, name: str, data: bytes, mode: int, p: Path) -> None:
+        tmp = f".{name}.twin-tmp"
+        try:
+            try:
+                fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+            except FileExistsError:  # left by a crash, or planted: unlink never follows a link
+                os.unlink(tmp, dir_fd=dfd)
+                fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as exc:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise TwinError(f"cannot write {p}: {exc.strerror or exc}") from exc
 
     def written(self, p: Path) -> bytes | None:
         """Bytes the twin itself last wrote at ``p``."""
@@ -96,22 +156,120 @@ class TreeFiles:
     def forget(self, p: Path) -> None:
         self._written.pop(p, None)
 
-    def link(self, rel: str, target_rel: str) -> None:
-        """Relative symlink at ``rel`` pointing at ``target_rel`` (both relative to the root)."""
-        p = self.root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        target = os.path.relpath(self.root / target_rel, p.parent)
-        if p.is_symlink() or p.exists():
-            if p.is_symlink() and os.readlink(p) == target:
-                return
-            p.unlink()
-        os.symlink(target, p)
+    def read(self, rel: str | Path) -> tuple[bytes, int] | None:
+        """(content, mtime in ns) of the regular file at ``rel``; None when absent or not a regular file.
 
-    def mkdir(self, rel: str, mode: int = 0o755) -> Path:
-        p = self.root / rel
-        p.mkdir(parents=True, exist_ok=True)
-        os.chmod(p, mode)
+        Links inside the root are followed; reads at most 64 KiB, never blocks (a FIFO reads as None).
+
+        Raises:
+            PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root.
+        """
+        _, parts = self.fs.split(rel)
+        with self.fs.batch():
+            r = self.fs.resolve(parts, create=False, what=f"read {rel}")
+            if r is None or r[2] is None or not stat.S_ISREG(r[2].st_mode):
+                return None
+            dfd, name, _ = r
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+            except OSError:  # gone or swapped for a link since the lookup
+                return None
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                return os.read(fd, _READ_LIMIT), st.st_mtime_ns
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+
+    def is_dir(self, rel: str | Path) -> bool:
+        """True when ``rel`` is a directory (links inside the root followed).
+
+        Raises:
+            PathOutsideRootError: a link on the way leads outside the root.
+        """
+        _, parts = self.fs.split(rel)
+        with self.fs.batch():
+            return self.fs.walk(parts, create=False, what=f"look up {rel}") is not None
+
+    def remove(self, rel: str | Path) -> None:
+        """Delete the entry at ``rel`` (a link itself, not its target); nothing when absent.
+
+        Raises:
+            PathOutsideRootError: a link in a parent directory leads outside the root.
+            TwinError: it could not be deleted.
+        """
+        p, parts = self.fs.split(rel)
+        self.forget(p)
+        with self.fs.batch():
+            self.fs.unlink(parts, what=f"delete {p}")
+
+    def remove_dir(self, rel: str | Path) -> None:
+        """Delete the directory at ``rel`` and the files in it; nothing when absent.
+
+        Raises:
+            PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root.
+            TwinError: it holds a directory, or could not be deleted.
+        """
+        p, parts = self.fs.split(rel)
+        for k in [k for k in self._written if k.parent == p]:
+            del self._written[k]
+        with self.fs.batch():
+            self.fs.rmtree_files(parts, what=f"delete {p}")
+
+    def link(self, rel: str, target_rel: str) -> None:
+        """Relative symlink at ``rel`` pointing at ``target_rel`` (both relative to the root).
+
+        An entry already at ``rel`` (a file, or a link elsewhere) is replaced, not followed.
+
+        Raises:
+            PathOutsideRootError: a link in a parent directory of ``rel`` leads outside the root.
+            TwinError: a directory is in the way, or the link could not be made.
+        """
+        p, parts = self.fs.split(rel)
+        _, tparts = self.fs.split(target_rel)
+        what = f"link {p}"
+        with self.fs.batch():
+            dfd, name, dreal = self.fs.parent(parts, create=True, what=what)
+            target = posixpath.relpath("/" + "/".join(tparts), "/" + "/".join(dreal))
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            try:
+                if st is not None:
+                    if stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=dfd) == target:
+                        return
+                    if stat.S_ISDIR(st.st_mode):
+                        raise TwinError(f"cannot link {p}: a directory is in the way")
+                    os.unlink(name, dir_fd=dfd)
+                os.symlink(target, name, dir_fd=dfd)
+            except OSError as exc:
+                raise TwinError(f"cannot link {p}: {exc.strerror or exc}") from exc
+
+    def mkdir(self, rel: str | Path, mode: int = 0o755) -> Path:
+        """Create the directory ``rel`` (and missing parents) and set its ``mode``.
+
+        Raises:
+            PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root.
+            TwinError: a file is in the way, or it could not be made.
+        """
+        p, parts = self.fs.split(rel)
+        with self.fs.batch():
+            self.fs.chmod_dir(parts, mode, create=True, what=f"make {p}")
         return p
+
+    def chmod_dir(self, rel: str | Path, mode: int) -> None:
+        """Set an existing directory's mode (nothing when absent).
+
+        Raises:
+            PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root.
+        """
+        p, parts = self.fs.split(rel)
+        with self.fs.batch():
+            self.fs.chmod_dir(parts, mode, create=False, what=f"change the mode of {p}")
 
     # -- devfreq class files (both vendors) ----------------------------------------------
 
@@ -151,11 +309,7 @@ class TreeFiles:
         if ds.governor == "userspace":
             sf = ds.setspeed_hz if ds.setspeed_hz is not None else ds.cur_hz
             self.put(udir / "set_freq", f"{sf}\n", 0o644)
-            os.chmod(udir, 0o755)
-        elif udir.exists():
+            self.chmod_dir(udir, 0o755)
+        elif self.is_dir(udir):
             # The userspace governor's attribute group goes away with the governor.
-            f = udir / "set_freq"
-            if f.exists():
-                self.forget(f)
-                f.unlink()
-            udir.rmdir()
+            self.remove_dir(udir)
