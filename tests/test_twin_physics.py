@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from hetsched import UnknownSocError
+from hetsched import TwinError, UnknownSocError
 from hetsched._twin.physics import (
     EnergyIntegrator,
     PowerAllocator,
@@ -15,8 +16,8 @@ from hetsched._twin.physics import (
     dynamic_power_w,
     leakage_w,
 )
-from hetsched._twin.profiles import ThermalNode, get_profile, known_socs, rk3588_profile
-from hetsched._twin.sim import SimBoard
+from hetsched._twin.profiles import SocProfile, ThermalNode, get_profile, known_socs, rk3588_profile
+from hetsched._twin.sim import PhaseWork, SimBoard
 
 
 def test_energy_model_matches_device_tree_formula() -> None:
@@ -195,3 +196,132 @@ def test_unknown_soc_lists_known_names() -> None:
     with pytest.raises(UnknownSocError, match="vendor"):
         get_profile("rk3588").layout("jp6")
     assert not math.isnan(SimBoard("orin-agx").statistics().peak_temp_c)
+
+
+# ---------------------------------------------------------------- stalls, EMC voltage, GPU V/f
+
+
+def _pinned(soc: str, **hz: int) -> SimBoard:
+    """A noise-free board with every domain pinned (userspace) at its top clock, or at ``hz``."""
+    b = SimBoard(soc, noise=False)
+    for name, info in b.domains().items():
+        b.set_frequency(name, hz.get(name, info.available_hz[-1]))
+    b.idle(0.1)  # let the switch latencies pass
+    return b
+
+
+def _gpu_phase(b: SimBoard, work: PhaseWork) -> tuple[float, float]:
+    """(elapsed s, GPU dynamic energy J) of ``work`` on ``b``."""
+    e0 = b.statistics().dynamic_energy_by_domain_j["gpu"]
+    t = b.execute(work, tick_s=1.0)
+    return t, b.statistics().dynamic_energy_by_domain_j["gpu"] - e0
+
+
+def test_stalled_unit_draws_its_stall_share_of_busy_power() -> None:
+    prof = get_profile("orin-nx")
+    gpu = prof.domain("gpu")
+    b = _pinned("orin-nx")
+    f = gpu.max_hz
+    work = PhaseWork(cycles={"gpu": 0.2 * f}, memory_bytes=1.5e11)  # 0.2 s of compute under ~2 s of DRAM
+    elapsed, e_dyn = _gpu_phase(b, work)
+    t_compute = 0.2
+    assert elapsed > 1.0  # memory bound
+    expected = gpu.full_power_w(f) * (t_compute + gpu.stall_activity * (elapsed - t_compute))
+    assert e_dyn == pytest.approx(expected, rel=1e-6)
+    # Without a stall share the same phase draws compute power only (the old, too-optimistic model).
+    b0 = SimBoard(_with_stall(prof, 0.0), noise=False)
+    for name, info in b0.domains().items():
+        b0.set_frequency(name, info.available_hz[-1])
+    b0.idle(0.1)
+    _, e0 = _gpu_phase(b0, work)
+    assert e0 == pytest.approx(gpu.full_power_w(f) * t_compute, rel=1e-6)
+    assert e_dyn > 3.0 * e0
+
+
+def _with_stall(prof: SocProfile, share: float) -> SocProfile:
+    doms = tuple(replace(d, stall_activity=share) if d.kind != "memory" else d for d in prof.domains)
+    return replace(prof, domains=doms)
+
+
+def test_lowering_the_core_clock_of_a_memory_bound_phase_saves_energy_not_time() -> None:
+    gpu = get_profile("orin-nx").domain("gpu")
+    work = PhaseWork(cycles={"gpu": 0.1 * gpu.max_hz}, memory_bytes=1.5e11)
+    t_hi, e_hi = _gpu_phase(_pinned("orin-nx"), work)
+    t_lo, e_lo = _gpu_phase(_pinned("orin-nx", gpu=gpu.min_hz), work)
+    assert t_lo == pytest.approx(t_hi, rel=1e-9)  # still memory bound at the lowest clock
+    assert e_lo < 0.6 * e_hi  # a stalled core at a lower clock and voltage burns less
+
+
+def test_the_kernel_counts_stalls_as_busy_so_ondemand_overclocks_memory_bound_phases() -> None:
+    b = SimBoard("rk3588", noise=False)  # GPU under simple_ondemand (30/10)
+    b.set_frequency("memory", b.domains()["memory"].available_hz[-1])
+    gpu = b.domains()["gpu"]
+    assert b.frequency("gpu") < gpu.available_hz[-1]
+    seen: list[float] = []
+    work = PhaseWork(cycles={"gpu": 2e7}, memory_bytes=2e11)  # < 0.1 s of compute under ~8 s of DRAM
+    b.execute(work, tick_s=0.05, on_tick=lambda s: seen.append(s.snapshot().domains["gpu"].utilisation or 0.0))
+    assert seen and min(seen[5:]) > 0.99  # the load file / devfreq see a fully busy GPU ...
+    assert b.time_in_state("gpu").get(gpu.available_hz[-1], 0.0) > 5.0  # ... and it runs at the top clock
+    assert b.statistics().dynamic_energy_by_domain_j["gpu"] > 0.0
+
+
+def test_waiting_on_another_domain_is_idle_not_a_stall() -> None:
+    prof = get_profile("rk3588")
+    b = _pinned("rk3588")
+    f_gpu = prof.domain("gpu").max_hz
+    f_cpu = prof.domain("cluster4").max_hz
+    work = PhaseWork(cycles={"gpu": 0.1 * f_gpu, "cluster4": 1.0 * f_cpu})  # no DRAM traffic
+    elapsed, e_dyn = _gpu_phase(b, work)
+    assert elapsed == pytest.approx(1.0, rel=1e-6)
+    assert e_dyn == pytest.approx(prof.domain("gpu").full_power_w(f_gpu) * 0.1, rel=1e-6)
+
+
+def test_stall_activity_is_checked_and_set_per_unit_type() -> None:
+    d = get_profile("rk3588").domain("gpu")
+    with pytest.raises(TwinError, match="stall_activity"):
+        replace(d, stall_activity=1.5)
+    for name in known_socs():
+        p = get_profile(name)
+        assert "domains.*.stall_activity" in p.assumed  # no published per-unit figure: said so
+        for dom in p.domains:
+            assert (dom.stall_activity > 0.0) == (dom.kind != "memory")
+    rk = get_profile("rk3588")
+    assert rk.domain("cluster0").stall_activity < rk.domain("cluster4").stall_activity  # in-order A55
+
+
+def test_orin_dram_energy_per_byte_falls_with_dvfsc_voltage() -> None:
+    mem = get_profile("orin-nx").domain("memory")
+    volts = {o.freq_hz: o.voltage_mv for o in mem.opps}
+    assert volts == {204_000_000: 900.0, 665_600_000: 900.0, 2_133_000_000: 1050.0, 3_199_000_000: 1050.0}
+    work = PhaseWork(memory_bytes=2e9)
+
+    def per_byte(hz: int) -> float:
+        b = _pinned("orin-nx", memory=hz)
+        e0 = b.statistics().dynamic_energy_by_domain_j["memory"]
+        b.execute(work, tick_s=1.0)
+        return (b.statistics().dynamic_energy_by_domain_j["memory"] - e0) / work.memory_bytes
+
+    assert per_byte(2_133_000_000) == pytest.approx(per_byte(3_199_000_000), rel=1e-9)
+    assert per_byte(665_600_000) == pytest.approx(per_byte(2_133_000_000) * (900 / 1050) ** 2, rel=1e-9)
+
+
+def test_orin_gpu_voltages_lie_on_the_published_ampere_points() -> None:
+    for name in ("orin-nx", "orin-agx", "orin-nano"):
+        opps = get_profile(name).domain("gpu").opps
+        volts = [o.voltage_mv for o in opps]
+        assert volts == sorted(volts) and 668.0 < volts[0] and volts[-1] < 875.0
+        for o in opps:  # on the line through (210 MHz, 668 mV) and (1740 MHz, 875 mV)
+            assert o.voltage_mv == pytest.approx(668.0 + 207.0 * (o.freq_hz - 210e6) / 1530e6, abs=0.06)
+
+
+def test_background_load_with_a_stalled_share_is_busy_but_draws_less() -> None:
+    b = _pinned("rk3588")
+    d = get_profile("rk3588").domain("cluster4")
+    full = d.full_power_w(d.max_hz)
+    b.set_utilisation("cluster4", 0.8)
+    p_compute = b.power("cluster4")
+    b.set_utilisation("cluster4", 0.8, stalled=0.5)
+    assert b.utilisation("cluster4") == pytest.approx(0.8)  # what the kernel sees is unchanged
+    assert p_compute - b.power("cluster4") == pytest.approx(full * 0.8 * 0.5 * (1 - d.stall_activity), rel=1e-9)
+    with pytest.raises(TwinError, match="stalled"):
+        b.set_utilisation("cluster4", 0.5, stalled=1.2)

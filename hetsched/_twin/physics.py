@@ -1,8 +1,10 @@
 """The twin's physical model: pure functions and small state machines, no I/O.
 
-* Power of a domain = dynamic ``C * V^2 * f`` times utilisation (kernel energy model, one
-  term per busy unit) + a small clock-tree/refresh term at idle + leakage that grows
-  exponentially with temperature and linearly with voltage. Power-gated blocks (Mali,
+* Power of a domain = dynamic ``C * V^2 * f`` times its switching activity (kernel energy
+  model, one term per busy unit) + a small clock-tree/refresh term at idle + leakage that grows
+  exponentially with temperature and linearly with voltage. A unit that has work but waits on
+  memory switches at its ``stall_activity`` share, while the kernel counts it as busy (the
+  load governors see), which is why load-driven governors over-clock memory-bound phases. Power-gated blocks (Mali,
   RKNPU, a railgated Jetson GPU) draw nothing at zero utilisation, unless software keeps
   them powered (Jetson ``railgate_enable=0``): then leakage and idle activity at the current
   voltage. Idle CPU cores in cpuidle's deep state (``c7``/``cpu-sleep``) are powered down and

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from .._errors import UnknownSocError
+from .._errors import TwinError, UnknownSocError
 
 __all__ = [
     "DomainProfile",
@@ -91,7 +91,11 @@ class _OppTable:
 
 @dataclass(frozen=True)
 class DomainProfile(_OppTable):
-    """One clock domain: a CPU cluster (cpufreq policy), GPU, NPU or memory controller."""
+    """One clock domain: a CPU cluster (cpufreq policy), GPU, NPU or memory controller.
+
+    Raises:
+        TwinError: an activity share (``idle_activity``, ``stall_activity``) outside [0, 1].
+    """
 
     name: str
     kind: DomainKind
@@ -103,6 +107,11 @@ class DomainProfile(_OppTable):
     """Cores (CPU), NPU cores, or 1. Utilisation 1.0 means every unit busy."""
     idle_activity: float = 0.02
     """Fraction of full dynamic power drawn at zero utilisation (clock tree, refresh)."""
+    stall_activity: float = 0.0
+    """Compute domains: fraction of full dynamic power drawn while the unit has work in a phase
+    but waits on memory (clock tree, pipeline, schedulers and cache traffic keep switching). The
+    kernel counts that time as busy (cpufreq load, devfreq/nvgpu load), so a stalled unit looks
+    fully loaded to the governors yet draws only this share of its busy power."""
     leak_w: float = 0.0
     """Leakage of the whole domain at 25 C and its top voltage."""
     leak_per_c: float = 0.02
@@ -142,6 +151,11 @@ class DomainProfile(_OppTable):
     may use its deep state (``c7`` on Tegra, ``cpu-sleep`` on Rockchip power the core down; the
     cluster's shared L3/DSU stays up). With cpuidle disabled (``jetson_clocks``), idle cores sit in
     WFI, which gates the core clock but not its power: full leakage. 1.0: no deep idle state."""
+
+    def __post_init__(self) -> None:
+        for what, v in (("stall_activity", self.stall_activity), ("idle_activity", self.idle_activity)):
+            if not 0.0 <= v <= 1.0:
+                raise TwinError(f"domain {self.name!r}: {what} = {v!r} must be in [0, 1]")
 
     def bandwidth_bps(self, hz: int) -> float:
         """Achievable DRAM bandwidth at memory clock ``hz`` (memory domains)."""

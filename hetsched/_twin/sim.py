@@ -218,17 +218,24 @@ class SimBoard(SimThermal):
         for i in range(len(self._names)):
             self._recompute_power(i)
 
-    def set_utilisation(self, domain: str, util: float) -> None:
+    def set_utilisation(self, domain: str, util: float, *, stalled: float = 0.0) -> None:
         """Background utilisation (0..1) of ``domain`` until changed.
 
+        ``stalled`` is the part of that busy time (0..1) spent waiting on memory: the kernel sees
+        all of ``util`` as load, but the stalled part draws only the domain's ``stall_activity``
+        share of its busy power.
+
         Raises:
-            TwinError: unknown domain or ``util`` outside [0, 1].
+            TwinError: unknown domain, or ``util`` or ``stalled`` outside [0, 1].
         """
         i = self._i(domain)
         if not 0.0 <= util <= 1.0:
             raise TwinError(f"utilisation {util!r} for {domain}: must be in [0, 1]")
+        if not 0.0 <= stalled <= 1.0:
+            raise TwinError(f"stalled share {stalled!r} for {domain}: must be in [0, 1]")
         self._flush()
         self._util_bg[i] = float(util)
+        self._act_bg[i] = float(util) * (1.0 - stalled + stalled * self._stall_act[i])
         self._update_util(i)
 
     def utilisation(self, domain: str) -> float:
@@ -309,8 +316,9 @@ class SimBoard(SimThermal):
             self._work = None
             self._work_rate = 0.0
             for i in range(len(self._names)):
-                if self._util_work[i]:
+                if self._util_work[i] or self._act_work[i]:
                     self._util_work[i] = 0.0
+                    self._act_work[i] = 0.0
                     self._update_util(i)
         return self.time_s - start
 

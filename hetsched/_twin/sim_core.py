@@ -50,6 +50,7 @@ class SimCore:
         self._vtop = [d.opps[-1].voltage_mv for d in doms]
         self._full = [[d.capacitance * o.voltage_mv**2 * o.freq_hz * 1e-18 * d.units for o in d.opps] for d in doms]
         self._idle_act = [d.idle_activity for d in doms]
+        self._stall_act = [d.stall_activity for d in doms]
         self._leak = [d.leak_w for d in doms]
         self._leak_k = [d.leak_per_c for d in doms]
         self._gates = [d.gates_when_idle for d in doms]
@@ -72,8 +73,11 @@ class SimCore:
         self._oi = [self._avail[i].index(self._target[i]) for i in range(n)]  # OPP index in effect
         self._pending: list[tuple[float, int, int]] = []  # (time, domain, opp index)
         self._util_bg = [0.0] * n
-        self._util_work = [0.0] * n
-        self._util = [0.0] * n
+        self._act_bg = [0.0] * n
+        self._util_work = [0.0] * n  # kernel-visible busy share of the work (stalls included)
+        self._act_work = [0.0] * n  # switching activity of the work (stalls at stall_activity)
+        self._util = [0.0] * n  # what the kernel sees: governors, load files, snapshots
+        self._act = [0.0] * n  # what draws dynamic power
         self._updown = [d.ondemand_thresholds for d in doms]
         self._floor = [d.governor_floor_hz for d in doms]
         self._gov_period = [0.02 if d.kind == "cpu" else 0.05 for d in doms]
@@ -194,6 +198,7 @@ class SimCore:
             self._work_done += dt * self._work_rate
 
     def _recompute_power(self, i: int) -> None:
+        # A stalled unit is powered and counts as busy (``_util``) but switches less (``_act``).
         u = self._util[i]
         oi = self._oi[i]
         if self._gating_on[i] and u <= 0.0:
@@ -201,7 +206,7 @@ class SimCore:
             self._power[i] = 0.0
             return
         full = self._full[i][oi]
-        dyn = full * u
+        dyn = full * self._act[i]
         idle = full * self._idle_act[i]
         t = self.net.temps[self._node_of[i]]
         leak = self._leak[i] * (self._volt[i][oi] / self._vtop[i]) * math.exp(self._leak_k[i] * (t - 25.0))
@@ -214,6 +219,8 @@ class SimCore:
         self._ver += 1
         u = self._util_bg[i] + self._util_work[i]
         self._util[i] = 1.0 if u > 1.0 else u
+        a = self._act_bg[i] + self._act_work[i]
+        self._act[i] = 1.0 if a > 1.0 else a
         self._recompute_power(i)
 
     def _work_rates(self) -> None:
@@ -241,10 +248,24 @@ class SimCore:
             self._work_done = 1.0
             return
         self._work_rate = 1.0 / total
+        inv = 1.0 / total
+        util_work = self._util_work
+        act_work = self._act_work
+        stall_act = self._stall_act
         for i in range(len(self._names)):
-            u = times.get(i, 0.0) / total
+            t = times.get(i, 0.0)
             if i == m and mem_t:
-                u = mem_t / total
-            if u != self._util_work[i]:
-                self._util_work[i] = u
+                u = a = mem_t * inv
+            elif t > 0.0:
+                # The unit is occupied while it computes or its share of the phase's memory traffic
+                # is in flight (the phase's time were it the only compute domain); the part beyond
+                # its compute is a memory stall. Waiting on another domain is idle, not a stall.
+                busy = ov * (t if t > mem_t else mem_t) + (1.0 - ov) * (t + mem_t)
+                u = busy * inv
+                a = (t + stall_act[i] * (busy - t)) * inv
+            else:
+                u = a = 0.0
+            if u != util_work[i] or a != act_work[i]:
+                util_work[i] = u
+                act_work[i] = a
                 self._update_util(i)

@@ -103,6 +103,8 @@ class SimThermal(SimGovernors):
         budget = ipa.budget_w(t, sum(max_w))
         if budget is None:
             return [None] * len(th.actors)
+        # The kernel's cooling devices estimate power from the load they see (stalls count as busy),
+        # so IPA overestimates a stalled actor's power, as on a board.
         req = [self._full[a][self._oi[a]] * max(self._util[a], 0.01) for a in th.actors]
         granted = PowerAllocator.divvy(budget, req, max_w)
         new: list[int | None] = []

@@ -31,6 +31,19 @@ __all__ = ["ORIN_EMC_HZ", "dla_engines", "orin_profile", "orin_quirks", "p3767_r
 ORIN_EMC_HZ = (204_000_000, 665_600_000, 2_133_000_000, 3_199_000_000)
 """[orin-emc] bpmp ``clk/emc`` rates seen on an AGX Orin."""
 
+# The EMC clock is half the LPDDR5 data rate (the twin moves 2 x bus width per EMC clock), so the
+# two low rates run at 408 and 1331 MT/s: within DVFSC's range, where the DRAM core runs from VDD2L
+# instead of VDD2H ([lpddr5-dvfsc] at or below 1600 MT/s; [lpddr5-micron] VDD2H 1.05 V, VDD2L 0.9 V).
+_DVFSC_MAX_HZ = 800_000_000
+_VDD2H_MV = 1050.0
+_VDD2L_MV = 900.0
+
+# [ga10x-vf] the one public V/f evidence for Ampere on Samsung 8N (Orin's GPU architecture and
+# process): 0.668 V at the 210 MHz idle clock and 0.875 V at the bottom of the 3D-load range,
+# 1740 MHz. Orin's GPU tops out far below 1740 MHz, so its OPPs lie between the two points.
+_GPU_VF_LO = (210_000_000, 668.0)
+_GPU_VF_HI = (1_740_000_000, 875.0)
+
 _CPU_GOVS = ("conservative", "ondemand", "userspace", "powersave", "performance", "schedutil")
 _GPU_GOVS = ("nvhost_podgov", "userspace", "performance", "simple_ondemand")
 # Jetson EMC is not devfreq: BPMP picks the rate unless ``mrq_rate_locked``.
@@ -58,18 +71,35 @@ _SOURCES = (
     "(reference: docs/sources.md)",
     "[orin-dla] NVIDIA Jetson module comparison and AGX Orin technical brief: NVDLA v2.0 cores per module "
     "(AGX 2, NX 16GB 2, NX 8GB 1, Nano 0) and their sparse INT8 TOPS (reference: docs/sources.md)",
+    "[lpddr5-micron] Micron LPDDR5 data sheet (MT62F): VDD2H 1.05 V, VDD2L 0.9 V nominal, DVFSC "
+    "(reference: docs/sources.md)",
+    "[lpddr5-dvfsc] DVFSC selectable at data rates up to 1600 Mb/s, core moves from VDD2H to VDD2L "
+    "(reference: docs/sources.md)",
+    "[ga10x-vf] TechPowerUp RTX 3060 Ti (GA104, Samsung 8N) clock profiles: 210 MHz at 0.668 V, 3D load "
+    "1740-1965 MHz at 0.875-1.081 V (reference: docs/sources.md)",
 )
 
 _ASSUMED = {
     "domains.cluster*.opps.voltage_mv": "Orin voltages are BPMP-owned and unpublished; "
     "assumed 600 mV floor up to 729.6 MHz, linear to 950 mV (1000 mV AGX) at the top",
     "domains.cluster*.capacitance": "fitted so 12 AGX cores at MAXN draw ~15 W ([agx-rails] AGX CPU rail 15.2 W)",
-    "domains.gpu.opps.voltage_mv": "unpublished; 600 mV floor at 306 MHz, linear to 850 mV (1000 mV AGX)",
-    "domains.gpu.capacitance": "scaled from the AGX MAXN GPU rail (40.4 W [agx-rails]) by cores, clock and "
-    "assumed voltage, checked against the Orin NX YOLOv5s split (GPU 2.9 W [practitioner-yolo])",
-    "domains.memory": "EMC/DRAM power unpublished; fitted to the Orin NX YOLOv5s DDR 1.4 W "
-    "[practitioner-yolo]; V fixed",
-    "domains.*.leak_w": "unpublished; sized so idle VDD_CPU_GPU_CV is ~0.5 W as in the [tegrastats] sample line",
+    "domains.gpu.opps.voltage_mv": "Orin GPU voltages are BPMP-owned and unpublished; interpolated linearly "
+    "between the two published Ampere/Samsung-8N points [ga10x-vf] (668 mV at 210 MHz, 875 mV at 1740 MHz): "
+    "the points are a desktop GA104's, and a straight line between them is assumed",
+    "domains.gpu.capacitance": "fitted to the Orin NX YOLOv5s split (GPU 2.9 W at 612 MHz [practitioner-yolo]); "
+    "AGX fitted to its MAXN GPU rail (40.4 W [agx-rails])",
+    "domains.memory.capacitance": "EMC/DRAM power unpublished; fitted to the Orin NX YOLOv5s DDR 1.4 W "
+    "[practitioner-yolo] at the 1050 mV VDD2H level",
+    "domains.memory.opps.voltage_mv": "the DRAM core voltage: VDD2H 1050 mV, VDD2L 900 mV at the two rates "
+    "within DVFSC's range [lpddr5-micron] [lpddr5-dvfsc]; that BPMP enables DVFSC there is assumed (not "
+    "published), and the whole EMC+DRAM dynamic energy is scaled by it (the VDDQ I/O share and the EMC "
+    "logic on VDD_SOC are not split out: no public figure gives them)",
+    "domains.*.stall_activity": "no public per-unit figure: the share of busy dynamic power a unit still draws "
+    "while it waits on memory (clock tree, pipeline, schedulers, cache and register traffic switch on); "
+    "A78AE 0.5 (out-of-order: front end, ROB and L1/L2 keep working), Ampere GPU 0.45 (warp schedulers, "
+    "register file and L1/L2 move every byte of a memory-bound kernel)",
+    "domains.*.leak_w": "unpublished; sized so idle VDD_CPU_GPU_CV is ~0.5 W as in the [tegrastats] sample line "
+    "(GPU leakage in proportion to its cores)",
     "domains.cluster*.deep_idle_leak_fraction": "not published: c7 powers an idle A78AE core down; 0.5 "
     "assumed for what stays (the shared L3/DSU, and idle spells shorter than c7's target residency), "
     "which keeps the YOLOv5s CPU figure [practitioner-yolo] within calibration; jetson_clocks disables "
@@ -129,6 +159,17 @@ def orin_cpu_khz(max_khz: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _line_opps(freqs_hz: tuple[int, ...], lo: tuple[int, float], hi: tuple[int, float]) -> tuple[Opp, ...]:
+    """V(f) on the straight line through two published (Hz, mV) points."""
+    slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+    return tuple(Opp(f, round(lo[1] + slope * (f - lo[0]), 1)) for f in freqs_hz)
+
+
+def _emc_opps(emc_hz: tuple[int, ...]) -> tuple[Opp, ...]:
+    """The DRAM core voltage per EMC rate: VDD2L within DVFSC's range, else VDD2H."""
+    return tuple(Opp(f, _VDD2L_MV if f <= _DVFSC_MAX_HZ else _VDD2H_MV) for f in emc_hz)
+
+
 def _ramp_opps(freqs_hz: tuple[int, ...], knee_hz: int, v_floor: float, v_top: float, top_hz: int) -> tuple[Opp, ...]:
     """Assumed V(f): the voltage floor up to the knee, then linear to ``v_top`` at ``top_hz``."""
     out = []
@@ -170,7 +211,7 @@ def _domains(
         DomainProfile(
             # [orin-cpufreq] MIN_FREQ 729600, A78AE (0xd42); [orin-nano-latency] 1 ms switch.
             name=f"cluster{cpus[0]}", kind="cpu", opps=cpu_opps, capacitance=560.0, units=len(cpus),
-            idle_activity=0.02, leak_w=0.05 * len(cpus), switch_latency_s=1e-3,
+            idle_activity=0.02, stall_activity=0.5, leak_w=0.05 * len(cpus), switch_latency_s=1e-3,
             transition_latency_ns=1_000_000, thermal_node="cpu", boot_hz=729_600_000,
             default_min_hz=729_600_000, cpus=cpus, cpu_part="0xd42", core_name="Cortex-A78AE",
             capacity_dmips_mhz=1024, ops_per_cycle=len(cpus) * 4.0, deep_idle_leak_fraction=0.5,
@@ -181,8 +222,9 @@ def _domains(
         DomainProfile(
             # [nvgpu] frequency lists; [orin-nano-latency] 5 ms switch; GPU rail-gates when idle.
             name="gpu", kind="gpu",
-            opps=_ramp_opps(gpu_hz, 306_000_000, 600.0, 850.0 if gpu_hz[-1] < 1e9 else 1000.0, gpu_hz[-1]),
-            capacitance=gpu_capacitance, units=1, idle_activity=0.0, leak_w=0.25 * gpu_capacitance / 10550.0,
+            opps=_line_opps(gpu_hz, _GPU_VF_LO, _GPU_VF_HI),
+            capacitance=gpu_capacitance, units=1, idle_activity=0.0, stall_activity=0.45,
+            leak_w=0.25 * gpu_ops_per_cycle / 2048.0,
             switch_latency_s=5e-3, thermal_node="gpu", boot_hz=gpu_hz[0], ops_per_cycle=gpu_ops_per_cycle,
             gates_when_idle=True,
         )
@@ -192,7 +234,7 @@ def _domains(
         DomainProfile(
             # [orin-emc] rates, boot rate 2133 MHz; [orin-nano-latency] 8 ms switch; BPMP keeps the
             # EMC at or above its boot rate unless the rate is locked.
-            name="memory", kind="memory", opps=tuple(Opp(f, 1000.0) for f in emc_hz),
+            name="memory", kind="memory", opps=_emc_opps(emc_hz),
             capacitance=mem_capacitance, units=1, idle_activity=0.12, leak_w=0.05, switch_latency_s=8e-3,
             thermal_node="soc1", boot_hz=boot, governor_floor_hz=boot,
             bytes_per_cycle=emc_bytes_per_cycle, bandwidth_efficiency=0.7,

@@ -33,11 +33,11 @@ def orin_agx_profile() -> SocProfile:
         clusters=((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)),  # [orin-cpufreq] policy0/4/8
         cpu_max_khz=2201600,  # [orin-cpufreq] seen in sweeps
         gpu_hz=_GPU_HZ,
-        gpu_capacitance=26900.0,  # fitted to [agx-rails] MAXN GPU rail
+        gpu_capacitance=40450.0,  # fitted to [agx-rails] MAXN GPU rail
         gpu_ops_per_cycle=4096.0,
         emc_hz=ORIN_EMC_HZ,
         emc_bytes_per_cycle=64.0,  # [orin-datasheet] 256-bit bus, double data rate
-        mem_capacitance=1600.0,
+        mem_capacitance=1451.2,  # the NX fit per byte of bus, at VDD2H
         cv_online=True,
         # [tegra234-dt] 1-0040: VDD_GPU_SOC, VDD_CPU_CV, VIN_SYS_5V0; 1-0041 ch2: VDDQ_VDD2_1V8AO.
         rails=(

@@ -25,11 +25,11 @@ def orin_nano_profile() -> SocProfile:
         clusters=((0, 1, 2, 3), (4, 5)),  # [orin-cpufreq] policy0 (0-3), policy4 (4-5)
         cpu_max_khz=1510400,  # [orin-cpufreq] lscpu max 1510.4 MHz
         gpu_hz=_GPU_HZ,
-        gpu_capacitance=10550.0,
+        gpu_capacitance=10626.0,  # the NX fit (same 1024-core GPU)
         gpu_ops_per_cycle=2048.0,
         emc_hz=ORIN_EMC_HZ[:3],
         emc_bytes_per_cycle=32.0,  # [orin-datasheet] 128-bit bus, double data rate
-        mem_capacitance=900.0,
+        mem_capacitance=816.3,  # 900 at the old fixed 1000 mV, rescaled to VDD2H
         cv_online=False,  # [jtop] cv0-2 fused off on Nano
         rails=p3767_rails(0.9),
         board_static_w=2.55,

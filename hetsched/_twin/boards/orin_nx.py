@@ -31,11 +31,11 @@ def orin_nx_profile() -> SocProfile:
         clusters=((0, 1, 2, 3), (4, 5, 6, 7)),  # [orin-cpufreq] policy0, policy4
         cpu_max_khz=1984000,  # [orin-cpufreq]
         gpu_hz=_GPU_HZ,
-        gpu_capacitance=10550.0,  # assumed (see ``assumed``)
+        gpu_capacitance=10626.0,  # fitted (see ``assumed``)
         gpu_ops_per_cycle=2048.0,
         emc_hz=ORIN_EMC_HZ,
         emc_bytes_per_cycle=32.0,  # [orin-datasheet] 128-bit bus, double data rate
-        mem_capacitance=1350.0,  # fitted to [practitioner-yolo] DDR 1.4 W
+        mem_capacitance=1224.5,  # fitted to [practitioner-yolo] DDR 1.4 W at VDD2H
         cv_online=False,  # [jtop] cv0-2 fused off on NX
         rails=p3767_rails(1.15),
         board_static_w=3.1,

@@ -82,6 +82,7 @@ def _domains(a76_bin_khz: int) -> tuple[DomainProfile, ...]:
             name="cluster0", opps=a55, capacitance=228.0, units=4, cpus=(0, 1, 2, 3),
             cpu_part="0xd05", core_name="Cortex-A55", capacity_dmips_mhz=530,
             leak_w=0.04, switch_latency_s=84e-6, thermal_node="littlecore", ops_per_cycle=4 * 2.0,
+            stall_activity=0.35,
             **cpu_common,  # type: ignore[arg-type]
         ),
         DomainProfile(
@@ -89,24 +90,26 @@ def _domains(a76_bin_khz: int) -> tuple[DomainProfile, ...]:
             name="cluster4", opps=a76, capacitance=416.0, units=2, cpus=(4, 5),
             cpu_part="0xd0b", core_name="Cortex-A76", capacity_dmips_mhz=1024,
             leak_w=0.06, switch_latency_s=324e-6, thermal_node="bigcore0", ops_per_cycle=2 * 4.0,
+            stall_activity=0.5,
             **cpu_common,  # type: ignore[arg-type]
         ),
         DomainProfile(
             name="cluster6", opps=a76, capacitance=416.0, units=2, cpus=(6, 7),
             cpu_part="0xd0b", core_name="Cortex-A76", capacity_dmips_mhz=1024,
             leak_w=0.06, switch_latency_s=324e-6, thermal_node="bigcore1", ops_per_cycle=2 * 4.0,
+            stall_activity=0.5,
             **cpu_common,  # type: ignore[arg-type]
         ),
         DomainProfile(
             # [rk-mainline-dts] coefficient 2982; [rk-bsp-dtsi] upthreshold 30, downdifferential 10;
             # [rk-sysfs-captures] devfreq boots at 300 MHz; [rk3588-datasheet] Mali-G610 MP4.
-            name="gpu", kind="gpu", opps=gpu, capacitance=2982.0, units=1, idle_activity=0.01,
+            name="gpu", kind="gpu", opps=gpu, capacitance=2982.0, units=1, idle_activity=0.01, stall_activity=0.45,
             leak_w=0.05, switch_latency_s=1e-3, thermal_node="gpu", boot_hz=300_000_000,
             ops_per_cycle=512.0, gates_when_idle=True, ondemand_thresholds=(30, 10),
         ),
         DomainProfile(
             # [rk3588-datasheet] 3 NPU cores, 3 x 1024 INT8 MACs; [rk-sysfs-captures] boots at 1 GHz.
-            name="npu", kind="npu", opps=npu, capacitance=920.0, units=3, idle_activity=0.01,
+            name="npu", kind="npu", opps=npu, capacitance=920.0, units=3, idle_activity=0.01, stall_activity=0.3,
             leak_w=0.04, switch_latency_s=1e-3, thermal_node="npu", boot_hz=1_000_000_000,
             ops_per_cycle=3 * 2048.0, gates_when_idle=True,
         ),
@@ -207,6 +210,14 @@ _ASSUMED = {
     "domains.*.leak_w": "leakage is not published; small values keeping idle board power < 2 W [rock5b-power]",
     "domains.*.leak_per_c": "leakage doubling every ~35 C (generic CMOS rule of thumb)",
     "domains.*.idle_activity": "clock-tree / refresh activity at zero utilisation",
+    "domains.*.stall_activity": "no public per-unit figure: the share of busy dynamic power a unit still draws "
+    "while it waits on memory; A76 0.5 (out-of-order: front end, ROB and L1/L2 keep working), A55 0.35 "
+    "(in-order: the pipeline stops behind the miss, less keeps switching), Mali-G610 0.45 (warp issue, "
+    "register file and L2 move every byte of a memory-bound shader), RKNPU 0.3 (the MAC arrays wait on "
+    "DMA; only buffers and the DMA engine switch)",
+    "domains.memory.opps.voltage_mv": "[rk-bsp-dtsi] dmc_opp_table voltages are the SoC-side DMC supplies (not the DRAM's); the "
+    "LPDDR4x VDD2 (1.1 V) does not scale with the DMC clock, and its share of DRAM power is not published, so "
+    "the whole DMC+DRAM dynamic energy is scaled with the table's voltage",
     "domains.cluster*.deep_idle_leak_fraction": "not published: cpu-sleep powers an idle core down; "
     "0.5 assumed for what stays (the shared L3/DSU, and idle spells shorter than the deep state's "
     "target residency, which a utilisation-averaged model cannot see)",
