@@ -26,6 +26,7 @@ _SUBCOMMAND_MODULES = (
     "hetsched._cli._profile",
     "hetsched._cli._plot",
     "hetsched._cli._doctor",
+    "hetsched._cli._restore",
 )
 
 

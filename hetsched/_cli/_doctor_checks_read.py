@@ -7,6 +7,7 @@ root is opened. What varies is injected: ``sleep``/``clock`` (the telemetry wind
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import stat
@@ -203,7 +204,8 @@ def _probe(fs: SysfsRoot, *, settle_s: float, sleep: Callable[[float], None],
            clock: Callable[[], float]) -> tuple[ProbeResult, ...]:
     from .._governor._sysfs import SysfsPort
 
-    port = SysfsPort(fs, clock=clock, sleep=sleep, settle_s=settle_s)
+    # It only looks: a dead governor's saved clocks are reported, not restored behind the user's back.
+    port = SysfsPort(fs, clock=clock, sleep=sleep, settle_s=settle_s, recover=False)
     out = []
     for name, spec in port.domains().items():
         saved = port.save()
@@ -271,8 +273,10 @@ def read_board(
     changed: list[str] = []
     if published.saved is not None:
         try:
+            from .._governor._restore import expected_knobs
+
             for knobs_of in decode_knobs(published.saved.get("knobs", {})).values():
-                changed += [p for p, v in knobs_of.items() if v is not None and fs.read_bytes(p) != v]
+                changed += [p for p, v in expected_knobs(knobs_of).items() if fs.read_bytes(p) != v]
         except (ValueError, HetschedError):
             pass
     jetson = platform.jetpack is not None or (platform.soc or "").startswith("orin")
@@ -304,64 +308,22 @@ def findings(r: BoardReading) -> list[Finding]:
     return out
 
 
-def restore_saved_clocks(root: str | os.PathLike[str], *, alive: Callable[[int], bool] = pid_alive) -> list[str]:
+def restore_saved_clocks(root: str | os.PathLike[str], *, alive: Callable[[int], bool] | None = None) -> list[str]:
     """Write back the knobs a hetsched governor that died saved (``--restore-clocks``); returns the
-    files written. The order is the one the kernel accepts: governor, then the limits so that
-    min never exceeds max, then a set-speed value; EMC rate before its lock flag. The saved
-    file is removed once every knob reads back as saved.
+    files written. The same restore as ``hetsched restore``
+    (:func:`hetsched._governor._restore.restore_saved`): every knob tried, in the order the kernel
+    accepts; the saved file is removed once every knob reads back as saved.
 
-    :raises PlatformError: no saved file, or its governor still runs (it restores them itself).
-    :raises SysfsError: a write was refused (the message names the file).
+    :raises PlatformError: no saved file, it is malformed, or its governor still runs (it
+        restores them itself).
+    :raises SysfsError: some knobs could not be put back (the message names each).
     """
-    from .._errors import PlatformError
+    from .._errors import PlatformError, SysfsError
+    from .._governor._restore import restore_saved
 
-    fs = SysfsRoot(root)
-    pub = read_published(fs)
-    where = f"{RUN_DIR}/{SAVED_FILE}"
-    if pub.saved is None:
-        raise PlatformError(f"no saved clocks to restore under {fs.root} ({where} is absent)")
-    pid = pub.pid("saved")
-    if pid is not None and alive(pid):
-        raise PlatformError(f"the governor that saved {where} still runs (pid {pid}); it restores the clocks itself")
-    try:
-        saved = decode_knobs(pub.saved.get("knobs"))
-    except ValueError as exc:
-        raise PlatformError(f"{where} is malformed: {exc}") from exc
-    written: list[str] = []
-
-    def put(path: str, value: bytes | None) -> None:
-        if value is not None and fs.exists(path) and fs.read_bytes(path) != value:
-            fs.write_text(path, value.decode("latin-1"))
-            written.append(path)
-
-    for knobs in saved.values():
-        by = {p.rsplit("/", 1)[-1]: (p, v) for p, v in knobs.items()}
-        if "mrq_rate_locked" in by:
-            lock_p, lock_v = by["mrq_rate_locked"]
-            if lock_v is not None and lock_v.strip() != b"0":
-                put(*by["rate"])
-            put(lock_p, lock_v)
-            continue
-        gov = by.get("scaling_governor") or by.get("governor")
-        lo = by.get("scaling_min_freq") or by.get("min_freq")
-        hi = by.get("scaling_max_freq") or by.get("max_freq")
-        if gov:
-            put(*gov)
-        if lo and hi and lo[1] is not None and lo[1].strip().isdigit():
-            cur_max = fs.read_int(hi[0])
-            first, second = (hi, lo) if cur_max is not None and int(lo[1]) > cur_max else (lo, hi)
-            put(*first)
-            put(*second)
-        speed = by.get("scaling_setspeed") or by.get("set_freq")
-        if speed and speed[1] is not None and speed[1].strip().isdigit():
-            put(*speed)
-    # Set-speed files follow the governor (the kernel shows or hides them): not compared.
-    left = [p for kn in saved.values() for p, v in kn.items()
-            if v is not None and not p.endswith(("setspeed", "set_freq")) and fs.exists(p) and fs.read_bytes(p) != v]
-    if not left:
-        fd = os.open(fs.resolve(RUN_DIR).path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            os.unlink(SAVED_FILE, dir_fd=fd)
-        finally:
-            os.close(fd)
-    return written
+    out = restore_saved(SysfsRoot(root), alive=alive)
+    if out.status == "partial":
+        raise SysfsError(errno.EIO, out.message)
+    if out.status != "restored":
+        raise PlatformError(out.message)
+    return list(out.written)

@@ -5,6 +5,12 @@ session does to the board: on a live twin root the per-device load the twin rend
 sessions' reports (its load channel names the reporting pids), and the phase and per-domain
 targets of a running hetsched governor (the state file it publishes under the root's run
 directory, :mod:`hetsched._governor._published`).
+
+Every value is shown as the file says. A current clock outside the domain's own
+``[min, max]`` limits is marked ``*`` with a footnote rather than clamped: it is what the
+kernel reports while a limit was just moved and the clock has not followed yet (a governor
+writing ``min = max = target``), or while another agent holds it, and hiding it would hide
+that.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ def _pct(u: float | None) -> str:
 
 def _mhz(hz: int | None) -> str:
     return "-" if hz is None else f"{round(hz / 1e6)}"
+
+
+def _outside_limits(d: Any) -> bool:
+    f, lo, hi = d.freq_hz, d.min_hz, d.max_hz
+    return f is not None and ((lo is not None and f < lo) or (hi is not None and f > hi))
 
 
 def tegrastats_line(snap: Any) -> str:
@@ -134,11 +145,17 @@ def format_frame(snap: Any, *, root: str, interval: float, view: SessionView | N
     """A jtop-like multi-line frame of one snapshot (and of what sessions do, when ``view`` is given)."""
     lines = [f"hetsched top  soc={snap.soc or 'unknown'}  root={root}  t={snap.time_s:.1f}s  every {interval:g}s"]
     lines.append(f"{'domain':<14}{'kind':<8}{'MHz':>7}{'min':>7}{'max':>7}{'util':>7}  governor")
+    outside = False
     for d in snap.domains.values():
+        mark = "*" if _outside_limits(d) else ""
+        outside = outside or bool(mark)
         lines.append(
-            f"{d.name:<14}{d.kind:<8}{_mhz(d.freq_hz):>7}{_mhz(d.min_hz):>7}{_mhz(d.max_hz):>7}"
+            f"{d.name:<14}{d.kind:<8}{_mhz(d.freq_hz) + mark:>7}{_mhz(d.min_hz):>7}{_mhz(d.max_hz):>7}"
             f"{_pct(d.utilisation):>7}  {d.governor or '-'}"
         )
+    if outside:
+        lines.append("  * current clock outside its min..max: a limit just changed and the clock has not followed yet, "
+                     "or another agent holds it")
     if snap.cpu_utilisation:
         lines.append("cpus  " + " ".join(f"{i}:{_pct(u):>4}" for i, u in enumerate(snap.cpu_utilisation)))
     if view is not None:

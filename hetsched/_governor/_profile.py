@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,8 +89,8 @@ class GovernorProfile:
         slowdown = obj.get("slowdown")
         if not isinstance(workload, str):
             raise ProfileError(f"{source}: 'workload' must be a string")
-        if not isinstance(slowdown, int | float) or slowdown < 0:
-            raise ProfileError(f"{source}: 'slowdown' must be a non-negative number")
+        if isinstance(slowdown, bool) or not isinstance(slowdown, int | float) or not math.isfinite(slowdown) or slowdown < 0:
+            raise ProfileError(f"{source}: 'slowdown' must be a finite non-negative number, got {slowdown!r}")
         raw = obj.get("phases")
         if not isinstance(raw, dict):
             raise ProfileError(f"{source}: 'phases' must be an object")
@@ -114,17 +115,32 @@ class GovernorProfile:
     def load(path: str | os.PathLike[str], *, board: BoardId | None = None) -> GovernorProfile:
         """Read a profile; with ``board``, also check it was made on an identical board.
 
-        :raises ProfileError: unreadable, not JSON, malformed, or made for another board.
+        :raises ProfileError: unreadable, not UTF-8 text (a binary file), not JSON, malformed
+            (a field missing or of the wrong type, at any depth), or made for another board;
+            the message names the file.
         """
         where = os.fspath(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                obj = json.load(f)
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError as exc:
             raise ProfileError(f"cannot read governor profile {where}: {exc.strerror or exc}") from exc
+        try:
+            obj = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ProfileError(f"governor profile {where} is not UTF-8 text (a binary file?): {exc.reason} "
+                               f"at byte {exc.start}") from exc
         except json.JSONDecodeError as exc:
             raise ProfileError(f"governor profile {where} is not valid JSON: {exc}") from exc
-        profile = GovernorProfile.from_json(obj, source=where)
+        except RecursionError as exc:
+            raise ProfileError(f"governor profile {where} is nested too deeply to be a profile") from exc
+        try:
+            profile = GovernorProfile.from_json(obj, source=where)
+        except ProfileError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+            # A value of the wrong type deep in a phase model (a string where a frequency belongs).
+            raise ProfileError(f"governor profile {where} is malformed: {type(exc).__name__}: {exc}") from exc
         if board is not None and profile.board != board:
             raise ProfileError(
                 f"governor profile {where} was made on another board "

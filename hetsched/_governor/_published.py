@@ -7,7 +7,8 @@ at boot):
 * ``governor-saved.json``: every knob it saved before its first write (raw bytes as latin-1
   text, so they round-trip exactly), with its pid. Written once at start, removed only
   after a restore that succeeded: a file whose pid no longer runs means a governor died
-  with the clocks changed (``hetsched doctor`` reports it).
+  with the clocks changed (``hetsched doctor`` reports it; the next governor on the root
+  and ``hetsched restore`` put them back, :mod:`hetsched._governor._restore`).
 * ``governor-state.json``: its current phase, per-domain targets, locked domains, pid.
   Rewritten when the phase or a target changes, at most every ``min_interval_s`` of the
   governor's clock (phases change per request; ``hetsched top`` refreshes about once a
@@ -42,6 +43,7 @@ __all__ = [
     "Published",
     "Publisher",
     "decode_knobs",
+    "owned_here",
     "pid_alive",
     "read_published",
 ]
@@ -53,6 +55,10 @@ RUN_DIR = "run/hetsched"
 SAVED_FILE = "governor-saved.json"
 STATE_FILE = "governor-state.json"
 FORMAT = 1
+
+# Run directories whose saved file a governor of this process wrote and has not closed:
+# a file with this process's pid elsewhere is one a governor here left behind.
+_OWNED: set[str] = set()
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -89,6 +95,14 @@ def decode_knobs(data: Any) -> dict[str, dict[str, bytes | None]]:
                 raise ValueError(f"knob {path!r}: not a string")
             out[str(dom)][str(path)] = None if value is None else value.encode("latin-1")
     return out
+
+
+def owned_here(fs: SysfsRoot) -> bool:
+    """Whether a governor of this process, not closed yet, wrote the saved file under ``fs``."""
+    try:
+        return fs.resolve(RUN_DIR).path in _OWNED
+    except HetschedError:
+        return False
 
 
 def pid_alive(pid: int) -> bool:
@@ -181,6 +195,7 @@ class Publisher:
         self._last_t: float | None = None
         self._dry_run = False
         self._wrote: set[str] = set()
+        self._fs = fs
         self.writes = 0
         if fs is not None:
             try:
@@ -223,10 +238,20 @@ class Publisher:
         self._dry_run = dry_run
         if self._dir is None:
             return
+        if saved is None and self._fs is not None:
+            left = read_published(self._fs)
+            pid = left.pid("saved")
+            if left.saved is not None and (pid is None or not pid_alive(pid) or (pid == os.getpid() and not owned_here(self._fs))):
+                log.warning("governor: a hetsched governor that is gone (pid %s) left clocks changed under %s; "
+                            "this run does not restore them (`hetsched restore --root %s` does)",
+                            pid, self._fs.root, self._fs.root)
         knobs = encode_knobs(saved)
         if knobs is not None:
+            d = self._dir
             self._guard(SAVED_FILE, {"format": FORMAT, "pid": os.getpid(), "soc": self._soc,
                                      "started_unix": self._started_unix, "knobs": knobs})
+            if SAVED_FILE in self._wrote:
+                _OWNED.add(d.path)
 
     def update(self, now: float, phase: str | None, targets: Mapping[str, int], locked: frozenset[str]) -> None:
         """The phase or the clocks may have changed: publish now, or at the next :meth:`flush`."""
@@ -257,6 +282,7 @@ class Publisher:
         if restored:
             self._guard(SAVED_FILE, None)
         if self._dir is not None:
+            _OWNED.discard(self._dir.path)
             self._dir.tidy()
         self._dir = None
 

@@ -12,25 +12,37 @@ How each domain is driven (decided at its first write, undone by :meth:`restore`
 Before the first write every such knob is read as raw bytes; :meth:`restore` writes
 them back in an order the kernel accepts (governor, then the limits in the order that
 never asks for min > max), so the tree ends byte-identical.
+
+Never change a knob that cannot be put back: a domain whose saved knobs are no value a
+restore could write (binary bytes, a governor not in the available list, a file that
+exists but reads nothing) is left alone, with a warning naming the file, both when the
+port is made (it is not offered to the governor) and at :meth:`save` (its writes are
+dropped). A restore tries every knob of every domain and reports all that failed at the
+end (:attr:`SysfsPort.restore_failures`). Its :func:`~hetsched._governor._restore.write_back`
+is shared with ``hetsched restore`` (:func:`~hetsched._governor._restore.restore_saved`), which puts back
+what a governor that died (SIGKILL, OOM, power loss) saved; :meth:`save` does it first when
+it finds such a file, so a dead run's clocks are never taken for the board's own.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .._errors import SysfsError
+from .._errors import SysfsError, SysfsPermissionError
 from .._estimators import power_estimator_for
 from .._platform import cpufreq, devfreq
-from .._platform._fs import SysfsRoot
+from .._platform._fs import SysfsRoot, parse_name
 from .._platform.discovery import discover
 from .._platform.jetson import EMC_DIR
 from .._platform.telemetry import Telemetry
 from .._snapshot import Snapshot
 from ._points import DEFAULT_LATENCY_S, DomainSpec
+from ._restore import Knobs, by_role, expected_knobs, unrestorable, write_back
 
 log = logging.getLogger("hetsched.governor")
 
@@ -45,6 +57,19 @@ class _Domain:
     device: devfreq.DevfreqDevice | None = None
     mode: str | None = None  # "setspeed" | "limits" | "emc", chosen at first write
     target: int | None = None
+    refused: str | None = None  # why its knobs could not be restored: never written
+    saved: Knobs | None = None  # what save() read (None before)
+
+
+def _dead_saved(fs: SysfsRoot) -> dict[str, dict[str, bytes | None]]:
+    """The knobs in a saved-clocks file under ``fs`` ({} when none or unreadable)."""
+    from ._published import decode_knobs, read_published
+
+    doc = read_published(fs).saved
+    try:
+        return decode_knobs(doc.get("knobs")) if doc is not None else {}
+    except ValueError:
+        return {}
 
 
 class SysfsPort:
@@ -56,6 +81,9 @@ class SysfsPort:
     :param restore_settle_s: longest wait, after restoring, for every restored knob to read
         back as saved (a kernel shows it at once; a live twin on its next update, e.g. a
         ``scaling_setspeed`` that reads ``<unsupported>`` again once the governor is back).
+    :param recover: at :meth:`save`, first put back what a governor that died on this root
+        saved (its file under ``run/hetsched``, its pid gone); ``hetsched doctor --probe``
+        turns it off (it only looks).
     :raises SysfsError: ``root`` is not a directory.
     :raises SysfsPermissionError: the clock files cannot be read.
     """
@@ -68,12 +96,18 @@ class SysfsPort:
         sleep: Callable[[float], None] = time.sleep,
         settle_s: float = 0.005,
         restore_settle_s: float = 0.5,
+        recover: bool = True,
     ) -> None:
         self.fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
         self._clock = clock
         self._sleep = sleep
         self.settle_s = settle_s
         self.restore_settle_s = restore_settle_s
+        self.recover = recover
+        self.refused: dict[str, str] = {}
+        """Domains left alone (never written): their knobs could not be restored (why)."""
+        self.restore_failures: dict[str, str] = {}
+        """Knobs the last :meth:`restore` could not put back: path -> why."""
         self.platform = discover(self.fs)
         self.soc = self.platform.soc
         self._telemetry: Telemetry | None = None
@@ -99,6 +133,22 @@ class SysfsPort:
             if emc is not None and emc.source == "bpmp" and len(emc.frequencies_hz) >= 1:
                 spec = DomainSpec("memory", "memory", emc.frequencies_hz, DEFAULT_LATENCY_S["memory"])
                 self._doms["memory"] = _Domain(spec, "emc")
+        try:
+            now = self._read_knobs()
+        except SysfsPermissionError:
+            now = {}  # save() raises it where the caller decides (strict or not)
+        # What a governor that died saved is what save() will find once it has put it back.
+        for knobs in _dead_saved(self.fs).values():
+            for path, raw in knobs.items():
+                for mine in now.values():
+                    if path in mine:
+                        mine[path] = raw
+        for name in list(self._doms):
+            why = self._refusal(self._doms[name], now.get(name, {}))
+            if why is not None:
+                self.refused[name] = why
+                del self._doms[name]
+                log.warning("governor: leaving %s alone (not governed): %s, so it could not be restored", name, why)
 
     # -- ClockPort ------------------------------------------------------------------
 
@@ -125,39 +175,115 @@ class SysfsPort:
             return [f"{p}/governor", f"{p}/min_freq", f"{p}/max_freq", f"{p}/userspace/set_freq"]
         return [f"{EMC_DIR}/mrq_rate_locked", f"{EMC_DIR}/rate"]
 
-    def save(self) -> dict[str, dict[str, bytes | None]]:
-        """Raw bytes of every knob of every domain (None for files absent now)."""
+    def _read_knobs(self) -> dict[str, dict[str, bytes | None]]:
         return {name: {k: self.fs.read_bytes(k) for k in self._knobs(d)} for name, d in self._doms.items()}
 
-    def restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
-        """Write the saved knobs back (only domains this port wrote); every domain is tried.
+    def _refusal(self, d: _Domain, knobs: Knobs) -> str | None:
+        """Why this domain's knobs, as read now, could not be put back after governing it."""
+        governors: tuple[str, ...] = ()
+        if d.policy is not None:
+            governors = d.policy.governors
+        elif d.device is not None:
+            governors = d.device.governors
+        by = by_role(knobs)
+        needed = ["lock", "rate"] if d.kind == "emc" else ["min", "max"]
+        if d.kind != "emc" and "userspace" in governors:
+            needed.append("governor")
+        for role in needed:
+            if role not in by:
+                continue
+            path, raw = by[role]
+            if raw is None:
+                if self.fs.exists(path):
+                    return f"{path} exists but reads nothing"
+                continue
+            why = unrestorable(path, raw, governors if role == "governor" else ())
+            if why is not None:
+                return f"{path} {why}"
+        return None
 
-        :raises SysfsError: (the first) failure, after trying every domain.
+    def save(self) -> dict[str, dict[str, bytes | None]]:
+        """Raw bytes of every knob of every domain (None for files absent now).
+
+        With ``recover``, what a governor that died on this root left changed is put back
+        first (a warning says so); a knob that could not be is saved as that governor saved
+        it, never as the changed value found now. A domain whose knobs could not be restored
+        is left alone from now on (warned, its writes dropped).
+
+        :raises SysfsPermissionError: a knob may not be read.
         """
-        first: SysfsError | None = None
-        restored: list[tuple[_Domain, Mapping[str, bytes | None]]] = []
+        carried = self._recover_dead() if self.recover else {}
+        saved = self._read_knobs()
+        for knobs in saved.values():
+            for path in knobs:
+                if path in carried:
+                    knobs[path] = carried[path]
+        for name, d in self._doms.items():
+            d.saved = saved[name]
+            why = self._refusal(d, saved[name])
+            if why is not None and d.refused is None and d.mode is None:
+                d.refused = why
+                self.refused[name] = why
+                log.warning("governor: leaving %s alone (not governed): %s, so it could not be restored", name, why)
+        return saved
+
+    def _recover_dead(self) -> dict[str, bytes]:
+        from ._restore import restore_saved
+
+        out = restore_saved(self.fs)
+        if out.status == "refused":
+            log.warning("governor: %s", out.message)
+        elif out.status != "nothing":
+            log.warning("governor: before saving the clocks: %s", out.message)
+        return dict(out.left)
+
+    def restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
+        """Write the saved knobs back (only domains this port wrote); every knob of every
+        domain is tried, what failed is kept in :attr:`restore_failures`.
+
+        :raises SysfsPermissionError: a knob could not be written for want of permission
+            (the message lists every knob left changed).
+        :raises SysfsError: some other knob could not be put back (the message names each).
+        """
+        failed: dict[str, SysfsError | str] = {}
+        restored: list[tuple[_Domain, Knobs]] = []
         for name, d in self._doms.items():
             if d.mode is None:
                 continue
-            try:
-                self._restore_domain(d, saved[name])
-                restored.append((d, saved[name]))
-            except SysfsError as exc:
-                first = first or exc
+            knobs = saved.get(name)
+            if knobs is None:
+                failed[name] = f"{name}: nothing saved for it"
+            else:
+                failed.update(self._restore_domain(d, knobs) or {})
+                restored.append((d, knobs))
             d.mode = None
             d.target = None
-        if first is not None:
-            raise first
-        self._await_restored(restored)
+        self._await_restored(restored, failed)
+        self.restore_failures = {p: str(why) for p, why in failed.items()}
+        if failed:
+            text = "; ".join(self.restore_failures.values())
+            for p, why in self.restore_failures.items():
+                log.warning("governor: could not restore %s: %s", p, why)
+            errs = [e for e in failed.values() if isinstance(e, SysfsError)]
+            denied = next((e for e in errs if isinstance(e, SysfsPermissionError)), None)
+            if denied is not None:
+                raise SysfsPermissionError(denied.errno, f"{len(failed)} clock knobs left changed: {text}") from denied
+            raise SysfsError(errno.EIO, f"{len(failed)} clock knobs left changed: {text}") from (errs[0] if errs else None)
 
-    def _await_restored(self, restored: list[tuple[_Domain, Mapping[str, bytes | None]]]) -> None:
+    def _await_restored(self, restored: list[tuple[_Domain, Knobs]], failed: Mapping[str, object]) -> None:
         """Bounded wait until every restored knob reads back byte-identical (``restore_settle_s``);
         a domain still off after a while is written again (a live twin that re-rendered a file
         from its old state just as the restore landed)."""
+        expect = [(d, kn, {p: v for p, v in expected_knobs(kn, rendered=True).items() if p not in failed}) for d, kn in restored]
 
-        def off() -> list[tuple[_Domain, Mapping[str, bytes | None]]]:
-            return [(d, kn) for d, kn in restored
-                    if any(v is not None and self.fs.read_bytes(k) != v for k, v in kn.items())]
+        def read(path: str) -> bytes | None:
+            try:
+                return self.fs.read_bytes(path)
+            except SysfsError:
+                return None
+
+        def off() -> list[tuple[_Domain, Knobs, dict[str, bytes]]]:
+            return [(d, kn, ex) for d, kn, ex in expect if any(read(k) != v for k, v in ex.items())]
 
         pending = off()
         if not pending or self.restore_settle_s <= 0:
@@ -170,49 +296,15 @@ class SysfsPort:
             if not pending or self._clock() >= deadline:
                 break
             if i % 8 == 7:
-                for d, kn in pending:
-                    try:
-                        self._restore_domain(d, kn)
-                    except SysfsError:
-                        pass  # reported by the first pass already, if it failed there
+                for d, kn, _ in pending:
+                    self._restore_domain(d, kn)
         if pending:
             log.warning("governor: knobs of %s did not read back as saved after restoring",
-                        ", ".join(d.spec.name for d, _ in pending))
+                        ", ".join(d.spec.name for d, _, _ in pending))
 
-    def _restore_domain(self, d: _Domain, knobs: Mapping[str, bytes | None]) -> None:
-        def value(path: str) -> str | None:
-            raw = knobs.get(path)
-            return None if raw is None else raw.decode().strip()
-
-        def raw(path: str) -> str:
-            # Exactly what was read (newline included): the kernel accepts it, and a
-            # plain-file tree ends byte-identical.
-            data = knobs.get(path)
-            assert data is not None
-            return data.decode()
-
-        if d.kind == "emc":
-            lock_path, rate_path = self._knobs(d)
-            rate, locked = value(rate_path), value(lock_path)
-            if locked not in (None, "0") and rate is not None:
-                self.fs.write_text(rate_path, raw(rate_path))
-            if locked is not None:
-                self.fs.write_text(lock_path, raw(lock_path))
-            return
-        gov_path, min_path, max_path, speed_path = self._knobs(d)
-        gov, lo, hi, speed = value(gov_path), value(min_path), value(max_path), value(speed_path)
-        if gov is not None and self.fs.read_bytes(gov_path) != knobs.get(gov_path):
-            self.fs.write_text(gov_path, raw(gov_path))
-        if lo is not None and hi is not None and lo.isdigit() and hi.isdigit():
-            cur_max = self.fs.read_int(max_path)
-            if cur_max is not None and int(lo) > cur_max:
-                self.fs.write_text(max_path, raw(max_path))
-                self.fs.write_text(min_path, raw(min_path))
-            else:
-                self.fs.write_text(min_path, raw(min_path))
-                self.fs.write_text(max_path, raw(max_path))
-        if gov == "userspace" and speed is not None and speed.isdigit() and self.fs.exists(speed_path):
-            self.fs.write_text(speed_path, raw(speed_path))
+    def _restore_domain(self, d: _Domain, knobs: Knobs) -> dict[str, SysfsError | str]:
+        """Write one domain's knobs back (:func:`write_back`): path -> why not, for each that failed."""
+        return write_back(self.fs, knobs)
 
     def _wait_for(self, ready: Callable[[], bool], latency_s: float) -> bool:
         """Poll ``ready`` until true or the settle time is spent (a kernel applies at once;
@@ -234,13 +326,15 @@ class SysfsPort:
     def write(self, domain: str, hz: int) -> None:
         d = self._doms[domain]
         d.spec.check(hz)
+        if d.refused is not None:
+            return  # never change a knob that cannot be put back (warned at save)
         lat = d.spec.transition_latency_s
         if d.kind == "cpufreq":
             pol = d.policy
             assert pol is not None
             if d.mode is None:
                 d.mode = "limits"
-                if "userspace" in pol.governors:
+                if "userspace" in pol.governors and self._may_setspeed(d):
                     cpufreq.set_governor(self.fs, pol, "userspace")
                     speed = f"{pol.path}/scaling_setspeed"
                     if self._wait_for(lambda: (self.fs.read_str(speed) or "").isdigit(), lat):
@@ -254,7 +348,7 @@ class SysfsPort:
             assert dev is not None
             if d.mode is None:
                 d.mode = "limits"
-                if "userspace" in dev.governors:
+                if "userspace" in dev.governors and self._may_setspeed(d):
                     devfreq.set_governor(self.fs, dev, "userspace")
                     if self._wait_for(lambda: self.fs.exists(f"{dev.path}/userspace/set_freq"), lat):
                         d.mode = "setspeed"
@@ -268,6 +362,18 @@ class SysfsPort:
                 self.fs.write_text(f"{EMC_DIR}/mrq_rate_locked", 1)
             self.fs.write_text(f"{EMC_DIR}/rate", hz)
         d.target = hz
+
+    def _may_setspeed(self, d: _Domain) -> bool:
+        """Whether the set-speed file may be written: not when the board already runs
+        ``userspace`` with a set-speed value that could not be written back (the limits are used)."""
+        if d.saved is None:
+            return True
+        by = by_role(d.saved)
+        gov = by.get("governor", ("", None))[1]
+        if gov is None or parse_name(gov) != "userspace" or "speed" not in by:
+            return True
+        path, raw = by["speed"]
+        return raw is None or unrestorable(path, raw) is None
 
     def _read_now(self, d: _Domain) -> int | None:
         if d.kind == "cpufreq":

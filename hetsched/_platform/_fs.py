@@ -21,18 +21,28 @@ Error policy (the same for every subsystem module):
 All of them are raised ``from`` the original ``OSError``. Reads open files with
 ``O_NONBLOCK`` so a misbehaving node (a FIFO in a fake tree, say) can never hang
 the sampler.
+
+Content that is there but is no value (binary bytes where a name belongs, a number
+with 21 digits, ``nan``) is **garbage**: the parsers (:func:`parse_int`,
+:func:`parse_name`) return ``None`` for it, so a reader treats the file as unreadable
+for this sample, and :meth:`SysfsRoot.note_garbage` counts it and logs each file once.
+A garbage value must never reach arithmetic that overflows or a ``decode`` that raises.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import PathOutsideRootError, SysfsError, SysfsPermissionError
 
-__all__ = ["FLAKY_ERRNOS", "ResolvedPath", "SysfsRoot", "SysfsStatistics"]
+__all__ = ["FLAKY_ERRNOS", "ResolvedPath", "SysfsRoot", "SysfsStatistics", "parse_int", "parse_name"]
+
+log = logging.getLogger("hetsched.platform")
 
 #: errno values that mean "this sensor has no value right now" rather than a bug.
 FLAKY_ERRNOS: frozenset[int] = frozenset(
@@ -48,6 +58,39 @@ _RESOLVED_READ_FLAGS = _READ_FLAGS | os.O_NOFOLLOW
 # O_TRUNC: harmless on sysfs (kernfs ignores it, as for `echo >`), needed on plain-file trees.
 _WRITE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_CHUNK = 65536
+# Sysfs integers are C longs (``%ld``/``%lu``): nothing a kernel prints has more digits
+# than 2**64 (20), so a longer one is garbage, not a value.
+_INT_RE = re.compile(rb"\s*[-+]?[0-9]{1,20}\s*")
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+# Governor and driver names are C identifiers in the kernel (``struct cpufreq_governor.name``,
+# ``devfreq_governor.name``, at most 16 chars); dashes and dots appear in vendor ones.
+_NAME_RE = re.compile(rb"\s*([A-Za-z0-9_][A-Za-z0-9_.+-]{0,63})\s*")
+
+
+def parse_int(raw: bytes | str | None, *, lo: int | None = None, hi: int | None = None) -> int | None:
+    """A sysfs integer (``b"44384\\n"``), or None: absent, empty, not plain ASCII digits,
+    longer than a C long, or outside ``lo..hi`` (the range a value of that file can take)."""
+    if raw is None:
+        return None
+    data = raw.encode("latin-1", "replace") if isinstance(raw, str) else raw
+    if not _INT_RE.fullmatch(data):
+        return None
+    value = int(data)
+    if not _INT_MIN <= value <= _INT_MAX:
+        return None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        return None
+    return value
+
+
+def parse_name(raw: bytes | str | None) -> str | None:
+    """A name file (``scaling_governor``: ``b"schedutil\\n"``) as text, or None for absent or
+    garbage (binary bytes, spaces inside, longer than any kernel name)."""
+    if raw is None:
+        return None
+    data = raw.encode("latin-1", "replace") if isinstance(raw, str) else raw
+    m = _NAME_RE.fullmatch(data)
+    return None if m is None else m.group(1).decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -73,6 +116,8 @@ class SysfsStatistics:
     writes: int
     flaky_reads: int
     """Reads that failed with a flaky-sensor errno and returned ``None``."""
+    garbage_reads: int = 0
+    """Reads whose content was no value (see :meth:`SysfsRoot.note_garbage`)."""
 
 
 class SysfsRoot:
@@ -82,7 +127,7 @@ class SysfsRoot:
     :raises SysfsError: ``root`` does not exist or is not a directory.
     """
 
-    __slots__ = ("_flaky", "_prefix", "_reads", "_root", "_writes")
+    __slots__ = ("_flaky", "_garbage", "_noted", "_prefix", "_reads", "_root", "_writes")
 
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         real = os.path.realpath(os.fspath(root))
@@ -93,6 +138,8 @@ class SysfsRoot:
         self._reads = 0
         self._writes = 0
         self._flaky = 0
+        self._garbage = 0
+        self._noted: set[str] = set()
 
     # -- paths ----------------------------------------------------------------
 
@@ -215,18 +262,35 @@ class SysfsRoot:
         text = self.read_text(rel)
         return None if text is None else text.strip().strip("\0").strip()
 
-    def read_int(self, rel: str | ResolvedPath) -> int | None:
-        """An integer file (``"44384\\n"``); ``None`` when absent, flaky, empty or not a number.
+    def read_int(self, rel: str | ResolvedPath, *, lo: int | None = None, hi: int | None = None) -> int | None:
+        """An integer file (``"44384\\n"``); ``None`` when absent, flaky, empty, not a number
+        or outside ``lo..hi`` (garbage: :func:`parse_int`, noted once per file).
 
         Same errors as :meth:`read_bytes`.
         """
         data = self.read_bytes(rel)
-        if data is None:
-            return None
-        try:
-            return int(data)
-        except ValueError:
-            return None
+        value = parse_int(data, lo=lo, hi=hi)
+        if value is None and data is not None and data.strip():
+            self.note_garbage(rel, data, "an integer")
+        return value
+
+    def read_name(self, rel: str | ResolvedPath) -> str | None:
+        """A name file (a governor, a driver); ``None`` when absent, flaky or garbage
+        (:func:`parse_name`, noted once per file). Same errors as :meth:`read_bytes`."""
+        data = self.read_bytes(rel)
+        name = parse_name(data)
+        if name is None and data is not None and data.strip():
+            self.note_garbage(rel, data, "a name")
+        return name
+
+    def note_garbage(self, rel: str | ResolvedPath, data: bytes, expected: str) -> None:
+        """Count a read whose content is no value; the first one per file is logged (a sensor
+        that returns garbage does so every sample)."""
+        self._garbage += 1
+        key = rel.rel if isinstance(rel, ResolvedPath) else os.fspath(rel).lstrip("/")
+        if key not in self._noted:
+            self._noted.add(key)
+            log.warning("%s under %s holds %r, not %s: treated as unreadable", key, self._root, data[:40], expected)
 
     # -- writes -----------------------------------------------------------------
 
@@ -254,7 +318,8 @@ class SysfsRoot:
 
     def statistics(self) -> SysfsStatistics:
         """Counts of reads, writes and flaky reads so far."""
-        return SysfsStatistics(reads=self._reads, writes=self._writes, flaky_reads=self._flaky)
+        return SysfsStatistics(reads=self._reads, writes=self._writes, flaky_reads=self._flaky,
+                               garbage_reads=self._garbage)
 
     def _translate(self, exc: OSError, path: ResolvedPath, action: str) -> SysfsError:
         where = "/" + path.rel if self._root == os.sep else f"{path.rel} (under {self._root})"

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from .._errors import GovernorError, UnsupportedFrequencyError, UnsupportedGovernorError
-from ._fs import SysfsRoot
+from ._fs import SysfsRoot, parse_int, parse_name
 
 __all__ = [
     "CPU_PARTS",
@@ -38,6 +38,10 @@ __all__ = [
     "set_min_khz",
     "set_setspeed",
 ]
+
+#: Largest frequency value any clock file may hold, in its own unit (kHz for cpufreq, Hz for
+#: devfreq): 1 THz. Values past it are garbage (a corrupted tree), read as absent.
+MAX_FREQ = 10**12
 
 CPU_DIR = "sys/devices/system/cpu"
 CPUFREQ_DIR = f"{CPU_DIR}/cpufreq"
@@ -68,14 +72,22 @@ _RANGE_RE = re.compile(r"^(\d+)-(\d+)$")
 def parse_freq_list(text: str) -> tuple[int, ...]:
     """``"408000 600000 … 2256000 \\n"`` -> ascending unique ints (any order in, trailing space ok).
 
-    :raises ValueError: a token is not an integer.
+    :raises ValueError: a token is not a plain positive integer below :data:`MAX_FREQ` (a
+        garbage table must not become a domain the governor writes).
     """
-    return tuple(sorted({int(tok) for tok in text.split()}))
+    out = set()
+    for tok in text.split():
+        value = parse_int(tok, lo=1, hi=MAX_FREQ)
+        if value is None:
+            raise ValueError(f"not a frequency: {tok[:40]!r}")
+        out.add(value)
+    return tuple(sorted(out))
 
 
 def parse_governors(text: str) -> tuple[str, ...]:
-    """``"interactive conservative ondemand … schedutil \\n"`` -> names in file order."""
-    return tuple(text.split())
+    """``"interactive conservative ondemand … schedutil \\n"`` -> names in file order (tokens
+    that are no governor name, binary bytes say, are left out)."""
+    return tuple(n for tok in text.split() if (n := parse_name(tok)) is not None)
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -96,8 +108,7 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
 
 def parse_setspeed(text: str) -> int | None:
     """``scaling_setspeed``: kHz under the userspace governor, ``None`` for ``"<unsupported>"``."""
-    text = text.strip()
-    return int(text) if text.isdigit() else None
+    return parse_int(text, lo=0, hi=MAX_FREQ)
 
 
 def parse_cpuinfo_parts(text: str) -> dict[int, int]:
@@ -234,16 +245,16 @@ def read_policies(fs: SysfsRoot, *, cpuinfo: str | None = None) -> list[CpufreqP
                 cpus=cpus,
                 available_khz=_read_list(fs, f"{path}/scaling_available_frequencies"),
                 governors=parse_governors(fs.read_text(f"{path}/scaling_available_governors") or ""),
-                governor=fs.read_str(f"{path}/scaling_governor"),
-                min_khz=fs.read_int(f"{path}/scaling_min_freq"),
-                max_khz=fs.read_int(f"{path}/scaling_max_freq"),
+                governor=fs.read_name(f"{path}/scaling_governor"),
+                min_khz=fs.read_int(f"{path}/scaling_min_freq", lo=0, hi=MAX_FREQ),
+                max_khz=fs.read_int(f"{path}/scaling_max_freq", lo=0, hi=MAX_FREQ),
                 cur_khz=_cur(fs, path),
-                cpuinfo_min_khz=fs.read_int(f"{path}/cpuinfo_min_freq"),
-                cpuinfo_max_khz=fs.read_int(f"{path}/cpuinfo_max_freq"),
-                driver=fs.read_str(f"{path}/scaling_driver"),
+                cpuinfo_min_khz=fs.read_int(f"{path}/cpuinfo_min_freq", lo=0, hi=MAX_FREQ),
+                cpuinfo_max_khz=fs.read_int(f"{path}/cpuinfo_max_freq", lo=0, hi=MAX_FREQ),
+                driver=fs.read_name(f"{path}/scaling_driver"),
                 transition_latency_ns=fs.read_int(f"{path}/cpuinfo_transition_latency"),
                 cpu_part=_part_name(part),
-                capacity=fs.read_int(f"{CPU_DIR}/cpu{cpus[0]}/cpu_capacity"),
+                capacity=fs.read_int(f"{CPU_DIR}/cpu{cpus[0]}/cpu_capacity", lo=0, hi=1024),
             )
         )
     raw.sort(key=lambda p: p.policy)
@@ -282,8 +293,8 @@ def _fill_capacity(policies: list[CpufreqPolicy], parts: Mapping[int, int]) -> l
 
 
 def _cur(fs: SysfsRoot, path: str) -> int | None:
-    cur = fs.read_int(f"{path}/scaling_cur_freq")
-    return cur if cur is not None else fs.read_int(f"{path}/cpuinfo_cur_freq")
+    cur = fs.read_int(f"{path}/scaling_cur_freq", lo=0, hi=MAX_FREQ)
+    return cur if cur is not None else fs.read_int(f"{path}/cpuinfo_cur_freq", lo=0, hi=MAX_FREQ)
 
 
 def read_cur_khz(fs: SysfsRoot, policy: CpufreqPolicy) -> int | None:
@@ -344,7 +355,7 @@ def set_setspeed(fs: SysfsRoot, policy: CpufreqPolicy, khz: int) -> None:
         ``<unsupported>`` then and the kernel rejects writes).
     """
     policy.check_khz(khz)
-    governor = fs.read_str(f"{policy.path}/scaling_governor")
+    governor = fs.read_name(f"{policy.path}/scaling_governor")
     if governor != "userspace":
         raise GovernorError(
             f"{policy.name}: scaling_setspeed needs the userspace governor, current is {governor!r}; "

@@ -23,7 +23,7 @@ from typing import Literal
 
 from .._errors import GovernorError, UnsupportedFrequencyError, UnsupportedGovernorError
 from ._fs import SysfsRoot
-from .cpufreq import parse_freq_list, parse_governors
+from .cpufreq import MAX_FREQ, parse_freq_list, parse_governors
 
 __all__ = [
     "DEVFREQ_CLASS",
@@ -46,7 +46,8 @@ GPU_OF_NAMES = frozenset({"gv11b", "gp10b", "ga10b", "gb10b", "gpu"})
 
 DevfreqKind = Literal["gpu", "npu", "memory", "other"]
 
-_LOAD_RE = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*Hz\s*$")
+# Bounded digit runs: int() of a runaway digit string raises (Python caps conversions at 4300 digits).
+_LOAD_RE = re.compile(r"^\s*(\d{1,6})\s*@\s*(\d{1,20})\s*Hz\s*$")
 
 
 # -- pure parsers ---------------------------------------------------------------
@@ -147,10 +148,10 @@ def read_devices(fs: SysfsRoot) -> list[DevfreqDevice]:
                 of_node_name=of_name,
                 available_hz=avail,
                 governors=parse_governors(fs.read_text(f"{path}/available_governors") or ""),
-                governor=fs.read_str(f"{path}/governor"),
-                min_hz=fs.read_int(f"{path}/min_freq"),
-                max_hz=fs.read_int(f"{path}/max_freq"),
-                cur_hz=fs.read_int(f"{path}/cur_freq"),
+                governor=fs.read_name(f"{path}/governor"),
+                min_hz=fs.read_int(f"{path}/min_freq", lo=0, hi=MAX_FREQ),
+                max_hz=fs.read_int(f"{path}/max_freq", lo=0, hi=MAX_FREQ),
+                cur_hz=fs.read_int(f"{path}/cur_freq", lo=0, hi=MAX_FREQ),
                 has_load=fs.exists(f"{path}/load"),
             )
         )
@@ -204,7 +205,7 @@ def set_userspace_freq(fs: SysfsRoot, dev: DevfreqDevice, hz: int) -> None:
     :raises GovernorError: the governor is not ``userspace`` (the file only exists under it).
     """
     dev.check_hz(hz)
-    governor = fs.read_str(f"{dev.path}/governor")
+    governor = fs.read_name(f"{dev.path}/governor")
     if governor != "userspace" or not fs.exists(f"{dev.path}/userspace/set_freq"):
         raise GovernorError(
             f"devfreq {dev.name}: userspace/set_freq needs the userspace governor, current is {governor!r}"

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._errors import PlatformError, UnsupportedFrequencyError
-from ._fs import SysfsRoot
+from ._fs import SysfsRoot, parse_int
+from .cpufreq import MAX_FREQ as _MAX_HZ
 from .devfreq import DevfreqDevice
 
 __all__ = [
@@ -57,16 +58,15 @@ def parse_gpu_load(text: str | None) -> float | None:
     """nvgpu ``load`` (per-mille, ``"537\\n"``) -> busy fraction ``0.537``; None if unreadable."""
     if text is None:
         return None
-    try:
-        permille = int(text.strip())
-    except ValueError:
+    permille = parse_int(text)
+    if permille is None:
         return None
     return min(max(permille, 0), 1000) / 1000.0
 
 
 def emc_utilisation(mc_all: int | None, rate_hz: int | None) -> float | None:
     """EMC busy fraction as jtop computes it (``int(mc_all) // (rate_Hz // 1000)`` percent)."""
-    if mc_all is None or not rate_hz or rate_hz < 1000:
+    if mc_all is None or not rate_hz or rate_hz < 1000 or mc_all < 0:
         return None
     return min((mc_all // (rate_hz // 1000)) / 100.0, 1.0)
 
@@ -136,12 +136,12 @@ def read_emc(fs: SysfsRoot) -> EmcInfo | None:
     """
     if not fs.exists(f"{EMC_DIR}/rate"):
         return None
-    locked = fs.read_int(f"{EMC_DIR}/mrq_rate_locked")
-    cap = fs.read_int(EMC_CAP)
+    locked = fs.read_int(f"{EMC_DIR}/mrq_rate_locked", lo=0, hi=1)
+    cap = fs.read_int(EMC_CAP, lo=0, hi=_MAX_HZ)
     return EmcInfo(
-        rate_hz=fs.read_int(f"{EMC_DIR}/rate"),
-        min_rate_hz=fs.read_int(f"{EMC_DIR}/min_rate"),
-        max_rate_hz=fs.read_int(f"{EMC_DIR}/max_rate"),
+        rate_hz=fs.read_int(f"{EMC_DIR}/rate", lo=0, hi=_MAX_HZ),
+        min_rate_hz=fs.read_int(f"{EMC_DIR}/min_rate", lo=0, hi=_MAX_HZ),
+        max_rate_hz=fs.read_int(f"{EMC_DIR}/max_rate", lo=0, hi=_MAX_HZ),
         locked=None if locked is None else locked != 0,
         iso_cap_hz=cap or None,
         activity_path=find_mc_activity_path(fs),

@@ -177,7 +177,7 @@ def read_rapl_rails(fs: SysfsRoot) -> list[PowerRail]:
                 kind="rapl",
                 sensor=entry,
                 energy_path=f"{path}/energy_uj",
-                max_energy_range_uj=fs.read_int(f"{path}/max_energy_range_uj"),
+                max_energy_range_uj=fs.read_int(f"{path}/max_energy_range_uj", lo=1),
             )
         )
     return rails
@@ -199,9 +199,10 @@ def read_rail_power_w(fs: SysfsRoot, rail: PowerRail) -> float | None:
     RAPL rails have no instantaneous reading: use energy deltas (telemetry does).
     """
     if rail.power_path is not None:
-        mw = fs.read_int(rail.power_path)
+        mw = fs.read_int(rail.power_path, lo=0, hi=10**7)  # 10 kW: garbage past it
         if mw is not None:
             return mw / 1000.0
     if rail.voltage_path is not None and rail.current_path is not None:
-        return power_w_from_mv_ma(fs.read_int(rail.voltage_path), fs.read_int(rail.current_path))
+        return power_w_from_mv_ma(fs.read_int(rail.voltage_path, lo=0, hi=10**6),
+                                  fs.read_int(rail.current_path, lo=-(10**7), hi=10**7))
     return None

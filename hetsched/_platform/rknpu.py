@@ -17,7 +17,8 @@ from ._fs import SysfsRoot
 __all__ = ["NPU_LOAD_PATHS", "find_npu_load_path", "parse_npu_load", "parse_npu_version", "read_npu_version"]
 
 NPU_LOAD_PATHS = ("sys/kernel/debug/rknpu/load", "proc/rknpu/load")
-_CORE_RE = re.compile(r"Core(\d+):\s*(\d+)%")
+# Bounded digit runs: int() of a runaway digit string raises (Python caps conversions at 4300 digits).
+_CORE_RE = re.compile(r"Core(\d{1,6}):\s*(\d{1,6})%")
 _VERSION_RE = re.compile(r"v?(\d+(?:\.\d+)+)")
 
 

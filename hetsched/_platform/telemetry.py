@@ -39,11 +39,11 @@ from anyio.abc import TaskGroup, TaskStatus
 from .._errors import PlatformError, RuntimeStateError
 from .._snapshot import DomainState, RailState, Snapshot, ZoneState
 from . import power as _power
-from ._fs import SysfsRoot
+from ._fs import ResolvedPath, SysfsRoot, parse_int, parse_name
 from .discovery import Platform, discover
 from .procstat import CpuTimes, parse_proc_stat, utilisation
-from .sampleplan import compile_plan, decode_int, decode_load
-from .thermal import OFFLINE_MILLIDEG
+from .sampleplan import compile_plan, decode_load
+from .thermal import OFFLINE_MILLIDEG, plausible_temp_c
 
 __all__ = ["Estimator", "Telemetry", "TelemetryStatistics"]
 
@@ -52,6 +52,15 @@ Estimator = Callable[[Snapshot], Mapping[str, float]]
 board input (otherwise the total is the sum of the entries)."""
 
 Clock = Callable[[], float]
+
+# What a value of each kind of file can be; anything else is garbage (a broken sensor, a
+# corrupted tree) and reads as absent. Generous: 1 THz in the file's unit (kHz or Hz), 10 kW,
+# 1 kV, 10 kA: no edge board comes near, and a value past them cannot be trusted.
+_FREQ = (0, 10**12)
+_MW = (0, 10**7)
+_MV = (0, 10**6)
+_MA = (-(10**7), 10**7)
+_UJ = (0, None)
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,7 @@ class Telemetry:
         """The file I/O half of a sample (runs in a worker thread when sampling periodically)."""
         t0 = time.perf_counter_ns()
         read = self._fs.read_bytes
+        num = self._num
         now = self._clock()
 
         per_cpu: dict[int, float] = {}
@@ -164,16 +174,16 @@ class Telemetry:
 
         domains: dict[str, DomainState] = {}
         for d in self._plan.domains:
-            freq = decode_int(read(d.cur)) if d.cur is not None else None
+            freq = num(d.cur, _FREQ) if d.cur is not None else None
             util: float | None = None
             if d.kind == "cpu":
                 vals = [per_cpu[c] for c in d.cpus if c in per_cpu]
                 util = sum(vals) / len(vals) if vals else None
             elif d.load is not None:
                 util = decode_load(read(d.load), d.load_format, freq)
-            gov = read(d.governor) if d.governor is not None else None
-            lo = decode_int(read(d.min)) if d.min is not None else None
-            hi = decode_int(read(d.max)) if d.max is not None else None
+            gov = self._name(d.governor) if d.governor is not None else None
+            lo = num(d.min, _FREQ) if d.min is not None else None
+            hi = num(d.max, _FREQ) if d.max is not None else None
             s = d.cur_scale
             domains[d.name] = DomainState(
                 name=d.name,
@@ -183,14 +193,13 @@ class Telemetry:
                 min_hz=lo * s if lo is not None else None,
                 max_hz=hi * s if hi is not None else None,
                 utilisation=util,
-                governor=gov.decode().strip() if gov else None,
+                governor=gov,
                 cpus=d.cpus,
             )
 
         zones: dict[str, ZoneState] = {}
         for z in self._plan.zones:
-            milli = decode_int(read(z.temp)) if z.temp is not None else None
-            temp = milli / 1000.0 if milli is not None and milli > OFFLINE_MILLIDEG else None
+            temp = self._temp(z.temp) if z.temp is not None else None
             zones[z.name] = ZoneState(z.name, temp, z.passive_c, z.critical_c)
 
         dt = now - self._prev_t if self._prev_t is not None else None
@@ -199,7 +208,7 @@ class Telemetry:
         for r in self._plan.rails:
             watts: float | None = None
             if r.energy is not None:
-                uj = decode_int(read(r.energy))
+                uj = num(r.energy, _UJ)
                 prev = self._prev_energy_uj.get(r.name)
                 if uj is not None:
                     if prev is not None and dt:
@@ -209,10 +218,10 @@ class Telemetry:
                     self._prev_energy_uj[r.name] = uj
             else:
                 if r.power_mw is not None:
-                    mw = decode_int(read(r.power_mw))
+                    mw = num(r.power_mw, _MW)
                     watts = mw / 1000.0 if mw is not None else None
                 if watts is None and r.voltage is not None and r.current is not None:
-                    watts = _power.power_w_from_mv_ma(decode_int(read(r.voltage)), decode_int(read(r.current)))
+                    watts = _power.power_w_from_mv_ma(num(r.voltage, _MV), num(r.current, _MA))
                 self._integrate(r.name, watts, dt)
             powers[r.name] = watts
             if r.is_total and watts is not None:
@@ -226,6 +235,28 @@ class Telemetry:
             total = sum(w for w in powers.values() if w is not None)
         self._prev_t = now
         return _Partial(t0, time.perf_counter_ns() - t0, now, domains, zones, cpu_util, rails, dt, total)
+
+    def _num(self, path: ResolvedPath, bounds: tuple[int, int | None]) -> int | None:
+        raw = self._fs.read_bytes(path)
+        value = parse_int(raw, lo=bounds[0], hi=bounds[1])
+        if value is None and raw is not None and raw.strip():
+            self._fs.note_garbage(path, raw, "a number in range")
+        return value
+
+    def _name(self, path: ResolvedPath) -> str | None:
+        raw = self._fs.read_bytes(path)
+        name = parse_name(raw)
+        if name is None and raw is not None and raw.strip():
+            self._fs.note_garbage(path, raw, "a governor name")
+        return name
+
+    def _temp(self, path: ResolvedPath) -> float | None:
+        raw = self._fs.read_bytes(path)
+        milli = parse_int(raw)
+        temp = plausible_temp_c(milli)
+        if temp is None and raw is not None and raw.strip() and (milli is None or milli > OFFLINE_MILLIDEG):
+            self._fs.note_garbage(path, raw, "a temperature")
+        return temp
 
     def _finish(self, part: _Partial) -> Snapshot:
         """The pure half of a sample: estimator, snapshot, ring buffer (runs on the caller's thread,

@@ -8,6 +8,10 @@ Layout (kernel ABI)::
 Fused-off Orin zones (``cv0-2`` on NX/Nano) either fail with ``EAGAIN`` (the
 :class:`~hetsched._platform._fs.SysfsRoot` read returns None) or read
 ``-256000``; both are an *absent* temperature, as jtop treats them.
+
+A value no sensor can report (below absolute zero, above :data:`MAX_PLAUSIBLE_MILLIDEG`,
+a 21-digit number) is garbage and reads as absent too: it must never reach the leakage
+model's exponential.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._fs import SysfsRoot
+from ._fs import SysfsRoot, parse_int
 
 __all__ = [
+    "MAX_PLAUSIBLE_MILLIDEG",
     "OFFLINE_MILLIDEG",
     "ThermalZone",
     "TripPoint",
     "parse_temp_c",
+    "plausible_temp_c",
     "read_temp_c",
     "read_zones",
     "zone_short_name",
@@ -32,21 +38,28 @@ THERMAL_VIRTUAL = "sys/devices/virtual/thermal"
 #: What tegrastats prints as ``CV0@-256C``: the zone's sensor is fused off (jtop skips it too:
 #: https://github.com/rbonghi/jetson_stats/blob/master/jtop/core/temperature.py).
 OFFLINE_MILLIDEG = -256000
+#: Far above any silicon's critical trip (115 °C in the RK3588 device trees, ``rk-bsp-dtsi`` /
+#: ``rk-mainline-dts`` in docs/sources.md), and the kernel's thermal core clamps nothing: a
+#: reading above it is a broken read, not a temperature.
+MAX_PLAUSIBLE_MILLIDEG = 500_000
+#: Absolute zero in millidegrees; the thermal core's ``THERMAL_TEMP_INVALID`` (-274000,
+#: include/linux/thermal.h) lies below it and is rejected with it.
+_ABS_ZERO_MILLIDEG = -273_150
 
 _TRIP_RE = re.compile(r"^trip_point_(\d+)_temp$")
 
 
-def parse_temp_c(text: str | None) -> float | None:
-    """``"44384\\n"`` -> ``44.384``; None for absent, empty, malformed or offline (<= -256000)."""
-    if text is None:
-        return None
-    try:
-        milli = int(text.strip())
-    except ValueError:
-        return None
-    if milli <= OFFLINE_MILLIDEG:
+def plausible_temp_c(milli: int | None) -> float | None:
+    """Millidegrees -> °C; None for offline (<= -256000) and implausible values (see module doc)."""
+    if milli is None or milli <= OFFLINE_MILLIDEG or not _ABS_ZERO_MILLIDEG <= milli <= MAX_PLAUSIBLE_MILLIDEG:
         return None
     return milli / 1000.0
+
+
+def parse_temp_c(text: str | bytes | None) -> float | None:
+    """``"44384\\n"`` -> ``44.384``; None for absent, empty, malformed, offline (<= -256000)
+    or implausible (below absolute zero, above 500 °C)."""
+    return plausible_temp_c(parse_int(text))
 
 
 def zone_short_name(zone_type: str) -> str:
@@ -111,12 +124,12 @@ def read_trips(fs: SysfsRoot, path: str) -> tuple[TripPoint, ...]:
         temp = parse_temp_c(fs.read_text(f"{path}/{entry}"))
         if temp is None:
             continue
-        hyst = fs.read_int(f"{path}/trip_point_{k}_hyst")
+        hyst = fs.read_int(f"{path}/trip_point_{k}_hyst", lo=0, hi=MAX_PLAUSIBLE_MILLIDEG)
         trips.append(
             TripPoint(
                 index=k,
                 temp_c=temp,
-                type=fs.read_str(f"{path}/trip_point_{k}_type") or "unknown",
+                type=fs.read_name(f"{path}/trip_point_{k}_type") or "unknown",
                 hyst_c=hyst / 1000.0 if hyst is not None else None,
             )
         )
@@ -136,8 +149,8 @@ def read_zones(fs: SysfsRoot) -> list[ThermalZone]:
                 index=index,
                 type=fs.read_str(f"{path}/type") or f"thermal_zone{index}",
                 path=path,
-                policy=fs.read_str(f"{path}/policy"),
-                mode=fs.read_str(f"{path}/mode"),
+                policy=fs.read_name(f"{path}/policy"),
+                mode=fs.read_name(f"{path}/mode"),
                 trips=read_trips(fs, path),
             )
         )
@@ -146,4 +159,9 @@ def read_zones(fs: SysfsRoot) -> list[ThermalZone]:
 
 def read_temp_c(fs: SysfsRoot, zone: ThermalZone) -> float | None:
     """Current temperature in °C, or None (absent, ``EAGAIN``, ``-256000``)."""
-    return parse_temp_c(fs.read_text(f"{zone.path}/temp"))
+    raw = fs.read_bytes(f"{zone.path}/temp")
+    milli = parse_int(raw)
+    temp = plausible_temp_c(milli)
+    if temp is None and raw is not None and raw.strip() and (milli is None or milli > OFFLINE_MILLIDEG):
+        fs.note_garbage(f"{zone.path}/temp", raw, "a temperature")
+    return temp
