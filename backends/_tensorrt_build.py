@@ -323,6 +323,11 @@ def configure_builder(trt: Any, builder: Any, settings: BuildSettings) -> Any:
         if settings.precision == "fp16":
             config.set_flag(trt.BuilderFlag.FP16)
         elif settings.precision == "int8":
+            # A weakly typed network with Q/DQ nodes is built in explicit-quantization mode; the
+            # developer guide up to 8.x says the INT8 flag must be set for any quantized layer,
+            # and 10.x keeps BuilderFlag.INT8. NVIDIA's current guide ("Explicit Quantization")
+            # prefers strongly typed Q/DQ networks with no precision flags, which is what 11.x
+            # requires ("TensorRT 10.x to 11.x Python API": BuilderFlag.INT8 -> Q/DQ nodes).
             config.set_flag(trt.BuilderFlag.INT8)
             # layers without Q/DQ scales may still take FP16 (what DLA needs for them)
             config.set_flag(trt.BuilderFlag.FP16)

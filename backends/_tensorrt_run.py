@@ -6,19 +6,24 @@ Written against the documented APIs only; nothing in this project's CI has run i
   ``runtime.DLA_core = n`` **before** ``deserialize_cuda_engine`` (the core an engine runs on is
   fixed when it is deserialized), ``engine.create_execution_context()``,
   ``context.set_input_shape``, ``context.set_tensor_address``, ``context.execute_async_v3(stream)``.
-* CUDA through cuda-python (``cuda.bindings.runtime``, ``cuda.cudart`` before 12.8; each call
-  returns ``(cudaError_t, *values)``): ``cudaStreamCreate``, ``cudaMallocHost``,
-  ``cudaHostGetDevicePointer``, ``cudaMalloc``, ``cudaMemcpyAsync``, ``cudaStreamSynchronize``
-  (CUDA Runtime API, https://docs.nvidia.com/cuda/cuda-runtime-api/).
+* CUDA through cuda-python (``backends._cuda``; each call returns ``(cudaError_t, *values)``):
+  ``cudaStreamCreate``, ``cudaMallocHost``, ``cudaHostGetDevicePointer``, ``cudaMalloc``,
+  ``cudaMemcpyAsync``, ``cudaStreamSynchronize`` (CUDA Runtime API,
+  https://docs.nvidia.com/cuda/cuda-runtime-api/). The stream goes to ``execute_async_v3`` as
+  ``stream_handle=`` the ``cudaStream_t`` that ``cudaStreamCreate`` returned, exactly as
+  ``common_runtime.do_inference`` passes it.
 
-Memory: on an integrated GPU (Jetson: ``cudaDeviceProp.integrated``; CPU and GPU share DRAM) each
-tensor lives in pinned host memory that the GPU addresses directly (``cudaMallocHost`` then
-``cudaHostGetDevicePointer``): no host<->device copies, only the copy between the caller's arrays
-and those pinned buffers. The runtime's pool buffers (memfd-backed) are not handed to the GPU
-as they are: making them GPU-addressable would need ``cudaHostRegister`` on each, which the
-reference this backend follows does not cover, so it is left out. On a discrete GPU tensors
-live in ``cudaMalloc`` memory, copied with ``cudaMemcpyAsync`` through pinned staging buffers on
-the worker's stream.
+Memory on an integrated GPU (Jetson: ``cudaDeviceProp.integrated``; CPU and GPU share DRAM):
+a tensor that lies in one of the runtime's pool buffers is used **in place**: its pool mapping
+is registered once (``cudaHostRegister`` with ``Portable | Mapped``, through
+``backends._cuda.HOST_MAPPINGS``, unregistered when the pool unmaps it) and the address
+``cudaHostGetDevicePointer`` gives is bound with ``set_tensor_address``; nothing is copied,
+the CPU stage before and the GPU stage after share the bytes, as on the RK3588. Other tensors
+(a caller's arrays, unaligned views) are copied into the context's own pinned buffers
+(``cudaMallocHost`` + ``cudaHostGetDevicePointer``). On a discrete GPU tensors live in
+``cudaMalloc`` memory, copied with ``cudaMemcpyAsync`` on the worker's stream: straight from
+and into a pool buffer (its mapping registered once, pinned, not mapped), else through the
+context's pinned staging buffers.
 """
 
 from __future__ import annotations
@@ -30,58 +35,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CudaError", "EngineHandle", "GpuInfo", "WorkerContext", "cuda_call", "device_lost", "gpu_info",
-           "load_cudart"]
+from ._cuda import HOST_MAPPINGS, CudaError, cuda_call, device_lost, load_cudart
 
-# CUDA Runtime API, enum cudaError: after these the CUDA context is unusable ("the process must be
-# terminated and relaunched") or there is no device to use; any other error is about one call.
-_DEVICE_LOST = frozenset({
-    "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "cudaErrorHardwareStackError",
-    "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
-    "cudaErrorInvalidPc", "cudaErrorECCUncorrectable", "cudaErrorNoDevice", "cudaErrorDevicesUnavailable",
-    "cudaErrorInsufficientDriver", "cudaErrorSystemNotReady", "cudaErrorCudartUnloading",
-})
+__all__ = ["TENSOR_ALIGNMENT", "CudaError", "EngineHandle", "GpuInfo", "WorkerContext", "cuda_call", "device_lost",
+           "gpu_info", "load_cudart"]
 
-
-class CudaError(RuntimeError):
-    """A cuda-python call returned an error; ``name`` is its ``cudaError_t`` name."""
-
-    def __init__(self, call: str, name: str) -> None:
-        super().__init__(f"{call} failed: {name}")
-        self.call = call
-        self.name = name
-
-
-def device_lost(name: str) -> bool:
-    """Whether the CUDA error ``name`` means the device (or its context) is gone, not just this run."""
-    return name in _DEVICE_LOST
-
-
-def load_cudart() -> Any:
-    """cuda-python's runtime module (``cuda.bindings.runtime``, or ``cuda.cudart`` before 12.8).
-
-    :raises ImportError: cuda-python is not installed.
-    """
-    try:
-        from cuda.bindings import runtime  # type: ignore[import-not-found]
-    except ImportError:
-        from cuda import cudart as runtime  # type: ignore[import-not-found]
-    return runtime
-
-
-def cuda_call(cudart: Any, result: Any, call: str) -> Any:
-    """The value(s) of a cuda-python call's ``(err, *values)``; None, one value, or a tuple.
-
-    :raises CudaError: ``err`` is not ``cudaSuccess``.
-    """
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if err != cudart.cudaError_t.cudaSuccess:
-        name = getattr(err, "name", None) or str(err)
-        raise CudaError(call, str(name))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
+TENSOR_ALIGNMENT = 256
+"""Bytes a tensor address bound in place must be aligned to (the alignment the TensorRT API
+reference asks of ``setTensorAddress`` pointers); a pool view not so aligned is copied instead."""
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -148,6 +109,13 @@ class WorkerContext:
         self._handle = handle
         self._integrated = integrated
         self._buffers: dict[str, _Buffer] = {}
+        self.bound = 0
+        """Tensors bound in place (a pool buffer the GPU reads or writes itself), over all runs."""
+        self.pinned = 0
+        """Tensors copied straight between a pinned pool buffer and device memory (discrete GPU)."""
+        self.staged = 0
+        """Tensors that went through this context's own staging buffers."""
+        self._device_only: dict[str, tuple[int, int]] = {}
         cuda_call(cudart, cudart.cudaSetDevice(device_id), "cudaSetDevice")
         self.stream = cuda_call(cudart, cudart.cudaStreamCreate(), "cudaStreamCreate")
         self.context = handle.engine.create_execution_context()
@@ -189,11 +157,42 @@ class WorkerContext:
         dst, src = (buf.device, buf.host) if to_device else (buf.host, buf.device)
         cuda_call(c, c.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync")
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Run once: inputs copied in, outputs returned (copies), or written into ``outputs``.
+    def _pool_address(self, arr: np.ndarray) -> int | None:
+        """Where the GPU side may use ``arr`` without this context's staging buffer, when it lies in a
+        pool mapping (C-contiguous): on an integrated GPU the device address to bind (the mapping is
+        registered mapped; the address must be aligned), on a discrete one its host address, pinned,
+        to copy from or into directly. None otherwise."""
+        if not arr.flags.c_contiguous or arr.nbytes == 0:
+            return None
+        address = int(arr.ctypes.data)
+        if self._integrated and address % TENSOR_ALIGNMENT:
+            return None
+        return HOST_MAPPINGS.device_address(self._cudart, address, arr.nbytes, mapped=self._integrated)
 
-        :raises CudaError: a CUDA call failed. :raises RuntimeError: TensorRT refused a shape or the run.
-        :raises KeyError: an input is missing from ``feeds``.
+    def _device(self, name: str, nbytes: int) -> int:
+        """A device-only buffer (discrete GPU) for a tensor copied straight from or into a pool buffer."""
+        held = self._device_only.get(name)
+        if held is not None and held[1] >= nbytes:
+            return held[0]
+        if held is not None:
+            self._cudart.cudaFree(held[0])
+            del self._device_only[name]
+        c = self._cudart
+        ptr = int(cuda_call(c, c.cudaMalloc(max(nbytes, 1)), "cudaMalloc"))
+        self._device_only[name] = (ptr, max(nbytes, 1))
+        return ptr
+
+    def _memcpy(self, dst: int, src: int, nbytes: int, to_device: bool) -> None:
+        c = self._cudart
+        kind = c.cudaMemcpyKind.cudaMemcpyHostToDevice if to_device else c.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        cuda_call(c, c.cudaMemcpyAsync(dst, src, nbytes, kind, self.stream), "cudaMemcpyAsync")
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once: inputs bound in place or copied in; outputs returned (copies), or written into
+        ``outputs`` (by the GPU itself where they are pool buffers on an integrated GPU).
+
+        :raises CudaError: a CUDA call failed. :raises RuntimeError: TensorRT refused a shape or the run,
+            or an output's shape is not the one ``outputs`` has. :raises KeyError: an input is missing.
         """
         h, ctx = self._handle, self.context
         for name in h.inputs:
@@ -201,29 +200,57 @@ class WorkerContext:
             if not ctx.set_input_shape(name, arr.shape):
                 raise RuntimeError(f"TensorRT refused shape {list(arr.shape)} for input {name!r} (outside the "
                                    "engine's optimization profile?)")
-            buf = self._buffer(name, arr.nbytes)
-            np.copyto(self._view(buf, arr.dtype, arr.shape), arr)
-            self._copy(buf, arr.nbytes, to_device=True)
-            ctx.set_tensor_address(name, buf.device)
-        shapes = []
-        for name in h.outputs:
+            pool = self._pool_address(arr)
+            if pool is None:
+                buf = self._buffer(name, arr.nbytes)
+                np.copyto(self._view(buf, arr.dtype, arr.shape), arr)
+                self._copy(buf, arr.nbytes, to_device=True)
+                address = buf.device
+                self.staged += 1
+            elif self._integrated:
+                address = pool
+                self.bound += 1
+            else:
+                address = self._device(name, arr.nbytes)
+                self._memcpy(address, pool, arr.nbytes, to_device=True)
+                self.pinned += 1
+            ctx.set_tensor_address(name, address)
+        plans: list[tuple[tuple[int, ...], int, int | None]] = []  # shape, bytes, pool address (None: staged)
+        for i, name in enumerate(h.outputs):
             shape = tuple(int(d) for d in ctx.get_tensor_shape(name))
-            buf = self._buffer(name, int(np.prod(shape, dtype=np.int64)) * h.dtypes[name].itemsize)
-            ctx.set_tensor_address(name, buf.device)
-            shapes.append(shape)
-        if not ctx.execute_async_v3(self.stream):
+            nbytes = int(np.prod(shape, dtype=np.int64)) * h.dtypes[name].itemsize
+            pool = None
+            if outputs is not None:
+                if tuple(outputs[i].shape) != shape:
+                    raise RuntimeError(f"output {name!r} has shape {list(shape)}, expected {list(outputs[i].shape)}")
+                if outputs[i].dtype == h.dtypes[name]:
+                    pool = self._pool_address(outputs[i])
+            if pool is None:
+                target = self._buffer(name, nbytes).device
+                self.staged += 1
+            elif self._integrated:
+                target = pool
+                self.bound += 1
+            else:
+                target = self._device(name, nbytes)
+                self.pinned += 1
+            ctx.set_tensor_address(name, target)
+            plans.append((shape, nbytes, pool))
+        if not ctx.execute_async_v3(stream_handle=self.stream):
             raise RuntimeError("execute_async_v3 failed (TensorRT's logger has the reason)")
-        results = []
-        for name, shape in zip(h.outputs, shapes, strict=True):
-            buf = self._buffers[name]
-            self._copy(buf, int(np.prod(shape, dtype=np.int64)) * h.dtypes[name].itemsize, to_device=False)
+        for name, (_, nbytes, pool) in zip(h.outputs, plans, strict=True):
+            if pool is None:
+                self._copy(self._buffers[name], nbytes, to_device=False)
+            elif not self._integrated:
+                self._memcpy(pool, self._device_only[name][0], nbytes, to_device=False)
         c = self._cudart
         cuda_call(c, c.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
-        for i, (name, shape) in enumerate(zip(h.outputs, shapes, strict=True)):
+        results = []
+        for i, (name, (shape, _, pool)) in enumerate(zip(h.outputs, plans, strict=True)):
+            if pool is not None:
+                continue
             view = self._view(self._buffers[name], h.dtypes[name], shape)
             if outputs is not None:
-                if outputs[i].shape != shape:
-                    raise RuntimeError(f"output {name!r} has shape {list(shape)}, expected {list(outputs[i].shape)}")
                 np.copyto(outputs[i], view)
             else:
                 results.append(view.copy())
@@ -240,6 +267,9 @@ class WorkerContext:
         for buf in self._buffers.values():
             self._free(buf)
         self._buffers.clear()
+        for ptr, _ in self._device_only.values():
+            self._cudart.cudaFree(ptr)
+        self._device_only.clear()
         self.context = None
         stream, self.stream = self.stream, None
         if stream is not None:

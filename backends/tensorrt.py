@@ -17,6 +17,14 @@ into) a content-addressed cache (``_tensorrt_cache``), keyed by everything that 
 non-portable. Each device worker thread gets its own execution context and CUDA stream
 (:meth:`TensorRtStage.worker_state`).
 
+A stage whose engine has static output shapes is a :class:`~hetsched.backends.BindableStage`:
+the runtime hands it pool buffers for its outputs (``run_into``). On a Jetson (integrated GPU)
+the GPU then reads its inputs and writes its outputs in those pool buffers themselves, with no
+copy between a CPU stage and a GPU stage (``_tensorrt_run``; the pool mappings are registered
+with ``cudaHostRegister`` once and unregistered when the pool unmaps them). On a discrete GPU
+the tensors are copied between those (pinned) pool buffers and device memory on the worker's
+stream.
+
 Device options (``Device.options``): ``device_id`` (CUDA device, default 0), ``dla_core`` (default:
 the ``N`` of a ``dla:N`` device of kind ``"dla"``), ``precision`` (``"fp32"``, ``"fp16"``,
 ``"int8"``; default ``"fp32"`` on the GPU, ``"fp16"`` on DLA), ``workspace`` (bytes),
@@ -86,7 +94,7 @@ def load_tensorrt() -> tuple[Any, Any]:
                                       f"'tensorrt'), which are not installed: {INSTALL_HINT}") from exc
     try:
         cudart = load_cudart()
-    except ImportError as exc:
+    except BackendUnavailableError as exc:
         raise BackendUnavailableError(f"the tensorrt backend needs cuda-python (module 'cuda.bindings'), which is "
                                       f"not installed: {INSTALL_HINT}") from exc
     return trt, cudart
@@ -140,6 +148,12 @@ class TensorRtStageStatistics:
     run_seconds: float
     contexts: int
     """Execution contexts created (one per worker thread, restarts included)."""
+    bound_tensors: int
+    """Inputs and outputs the GPU used in place, in a pool buffer (integrated GPU), over the live contexts."""
+    pinned_tensors: int
+    """Inputs and outputs copied straight between a pool buffer and device memory (discrete GPU)."""
+    staged_tensors: int
+    """Inputs and outputs copied through a context's own staging buffers, over the live contexts."""
     cached: bool
     cache_key: str
     precision: str
@@ -148,8 +162,9 @@ class TensorRtStageStatistics:
 
 class TensorRtStage:
     """A stage as a TensorRT engine; a :class:`~hetsched.backends.WorkerStateStage` (one execution
-    context and CUDA stream per worker thread). The engine is deserialized once, at the first
-    worker's first run, with ``runtime.DLA_core`` set first on DLA."""
+    context and CUDA stream per worker thread) and a :class:`~hetsched.backends.BindableStage`
+    when its output shapes are static. The engine is deserialized once, at the first call that
+    needs it (``output_specs`` or a worker's first run), with ``runtime.DLA_core`` set first on DLA."""
 
     def __init__(self, trt: Any, cudart: Any, logger: Any, blob: bytes, *, name: str, device: Device,
                  device_id: int, gpu: GpuInfo, dla_core: int | None, precision: str, key: str, cached: bool,
@@ -167,7 +182,7 @@ class TensorRtStage:
         self._lock = threading.Lock()
         self._handle: EngineHandle | None = None
         self._fallback: WorkerContext | None = None
-        self._live: set[int] = set()
+        self._live: dict[int, WorkerContext] = {}
         self._runs = 0
         self._seconds = 0.0
         self._contexts = 0
@@ -202,13 +217,13 @@ class TensorRtStage:
             raise self._error(exc) from exc
         with self._lock:
             self._contexts += 1
-            self._live.add(id(ctx))
+            self._live[id(ctx)] = ctx
         return ctx
 
     def close_worker_state(self, state: object) -> None:
         if isinstance(state, WorkerContext):
             with self._lock:
-                self._live.discard(id(state))
+                self._live.pop(id(state), None)
             state.close()
 
     def run(self, feeds: Mapping[str, np.ndarray], state: object = None) -> list[np.ndarray]:
@@ -230,6 +245,40 @@ class TensorRtStage:
             self._seconds += time.perf_counter() - t0
         return out
 
+    def output_specs(self) -> list[TensorSpec] | None:
+        """Dtype and shape of each output when the engine's output shapes are static, else None
+        (outputs of a profile-range engine are sized at run time). Loads the engine.
+
+        :raises StageExecutionError: the engine cannot be deserialized
+            (:class:`~hetsched.DeviceFailedError` when CUDA says the device is gone).
+        """
+        try:
+            h = self._engine()
+            shapes = {n: tuple(int(d) for d in h.engine.get_tensor_shape(n)) for n in h.outputs}
+        except Exception as exc:  # TensorRT raises RuntimeError/TypeError, CUDA a CudaError
+            raise self._error(exc) from exc
+        if any(d < 0 for s in shapes.values() for d in s):
+            return None
+        return [(h.dtypes[n], shapes[n]) for n in self.output_names]
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray], state: object = None) -> None:
+        """Run writing output ``i`` into ``outputs[i]`` (in place on an integrated GPU when it is a
+        pool buffer: the GPU writes it, nothing is copied).
+
+        :raises StageExecutionError: as :meth:`run`, also when an output's shape is not ``outputs[i]``'s.
+        """
+        t0 = time.perf_counter()
+        try:
+            ctx = state if isinstance(state, WorkerContext) else self._own_context()
+            ctx.run(feeds, outputs)
+        except StageExecutionError:
+            raise
+        except Exception as exc:  # numpy, TensorRT and CUDA failures alike fail this run
+            raise self._error(exc) from exc
+        with self._lock:
+            self._runs += 1
+            self._seconds += time.perf_counter() - t0
+
     def _own_context(self) -> WorkerContext:
         with self._lock:
             ctx = self._fallback
@@ -249,8 +298,10 @@ class TensorRtStage:
 
     def statistics(self) -> TensorRtStageStatistics:
         with self._lock:
-            return TensorRtStageStatistics(self._runs, self._seconds, self._contexts, self._cached, self._key,
-                                           self.precision, self.dla_core)
+            ctxs = [*self._live.values(), *([self._fallback] if self._fallback is not None else [])]
+            return TensorRtStageStatistics(self._runs, self._seconds, self._contexts, sum(c.bound for c in ctxs),
+                                           sum(c.pinned for c in ctxs), sum(c.staged for c in ctxs), self._cached, self._key, self.precision,
+                                           self.dla_core)
 
     def close(self) -> None:
         with self._lock:

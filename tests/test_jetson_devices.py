@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hetsched import DeviceSpecError, resolve_devices
-from hetsched._planning.jetson_devices import dla_core_count
+from hetsched._planning.jetson_devices import default_host_specs, dla_core_count, jetson_device_notes
 from hetsched._platform import devfreq
 from hetsched._platform._fs import SysfsRoot
 from hetsched.testing import build_board_tree
@@ -129,3 +129,33 @@ def test_big_on_a_real_orin_is_every_cluster(trees: dict[str, Path]) -> None:
     assert [(d.kind, d.backend) for d in devices] == [("cpu", "cpu")] * 3 + [("gpu", "tensorrt"), ("dla", "tensorrt")]
     assert sorted(c for d in devices for c in d.cpus) == list(range(12))
     assert resolve_devices(["little"], root=fs, available_cpus=range(12)) == devices[:3]
+
+
+def test_a_real_orins_default_devices_include_the_gpu_and_dla_when_tensorrt_runs(trees: dict[str, Path]) -> None:
+    fs = RealBoardRoot(trees["orin-agx"])
+    assert default_host_specs(fs, reason=lambda: None) == ["clusters", "gpu", "dla"]
+    assert jetson_device_notes(fs, reason=lambda: None) == []
+    specs = default_host_specs(fs, reason=lambda: None)
+    devices = resolve_devices(specs, root=fs, available_cpus=range(12))
+    assert [d.name for d in devices if d.backend == "tensorrt"] == ["gpu", "dla:0", "dla:1"]
+    nano = RealBoardRoot(trees["orin-nano"])
+    assert default_host_specs(nano, reason=lambda: None) == ["clusters", "gpu"]  # no DLA on an Orin Nano
+
+
+def test_without_tensorrt_the_gpu_and_dla_are_left_out_with_a_note(
+        trees: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    fs = RealBoardRoot(trees["orin-agx"])
+    why = "the tensorrt backend needs TensorRT's Python bindings (module 'tensorrt'), which are not installed"
+    with caplog.at_level("WARNING", logger="hetsched.devices"):
+        assert default_host_specs(fs, reason=lambda: why) == ["clusters"]
+    (note,) = jetson_device_notes(fs, reason=lambda: why)
+    assert note == f"gpu and the DLA cores (dla): left out of the orin-agx board's default devices: {why}"
+    assert note in caplog.text
+    nano = RealBoardRoot(trees["orin-nano"])
+    assert jetson_device_notes(nano, reason=lambda: why)[0].startswith("gpu: left out of the orin-nano")
+
+
+def test_default_specs_elsewhere_are_the_clusters(trees: dict[str, Path]) -> None:
+    assert default_host_specs(RealBoardRoot(trees["rk3588"]), reason=lambda: None) == ["clusters"]
+    assert default_host_specs(SysfsRoot(trees["orin-agx"]), reason=lambda: None) == ["clusters"]  # a twin's tree
+    assert jetson_device_notes(SysfsRoot(trees["orin-agx"]), reason=lambda: "x") == []

@@ -595,8 +595,8 @@ class _CopyContext:
     def set_tensor_address(self, name: str, ptr: int) -> None:
         self.addr[name] = ptr
 
-    def execute_async_v3(self, stream: str) -> bool:
-        self.log.append(("execute_async_v3", stream))
+    def execute_async_v3(self, *, stream_handle: str) -> bool:  # common_runtime.py passes it by keyword
+        self.log.append(("execute_async_v3", stream_handle))
         ctypes.memmove(self.addr["y"], self.addr["x"], int(np.prod(self.shape)) * 4)
         return True
 

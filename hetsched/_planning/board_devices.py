@@ -148,13 +148,17 @@ def _npu_note(board: BoardRoot) -> str | None:
 
 
 def board_device_notes(root: str | SysfsRoot) -> list[str]:
-    """What the default device list of the board under ``root`` leaves out, and why: today the
-    RK3588 NPU when the RKNN toolkit environment is missing. Empty for a root that is not a board
-    root, and when nothing is left out."""
+    """What the default device list of the board under ``root`` leaves out, and why: the RK3588
+    NPU when the RKNN toolkit environment is missing; on a real Jetson Orin (the host's ``/``)
+    the GPU and DLA cores when the ``tensorrt`` backend cannot run
+    (:func:`~hetsched._planning.jetson_devices.jetson_device_notes`). Empty for any other root,
+    and when nothing is left out."""
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
     board = board_root(fs, npu=lambda _spec, _fs: Device(name="npu"))
     if board is None:
-        return []
+        from .jetson_devices import jetson_device_notes
+
+        return jetson_device_notes(fs)
     note = _npu_note(board)
     return [note] if note else []
 

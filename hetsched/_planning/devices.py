@@ -26,7 +26,7 @@ from .board_devices import (
     default_board_devices,
     resolve_board_spec,
 )
-from .jetson_devices import is_gpu_spec, jetson_gpu_devices
+from .jetson_devices import default_host_specs, is_gpu_spec, jetson_gpu_devices
 
 __all__ = [
     "NPU_SPECS",
@@ -275,6 +275,8 @@ def resolve_devices(
     says why it is left out otherwise), and ``cpu``/``clusters``/``big``/``little``/``mid``,
     ``gpu``, ``npu...``, ``dla:N`` and the twin's device names pick some of them (see
     :mod:`hetsched._planning.board_devices`); ``cpu:LIST`` stays the host's cores.
+    On a real Jetson Orin's ``/``, ``None`` is the CPU clusters plus ``gpu`` and the DLA cores
+    when the TensorRT backend can run (else the clusters, with a logged note).
 
     :raises DeviceSpecError: unparseable spec, CPUs the host lacks, duplicate names, a spec the
         board under ``root`` lacks (the message lists its specs), or ``gpu``/``dla`` on a real
@@ -284,7 +286,7 @@ def resolve_devices(
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
     board = board_root(fs, host=usable, npu=_npu_device)
     if specs is None:
-        specs = default_board_devices(board) if board is not None else ["clusters"]
+        specs = default_board_devices(board) if board is not None else default_host_specs(fs)
     elif isinstance(specs, (str, Device)):
         specs = [specs]
     out: list[Device] = []

@@ -9,11 +9,19 @@ or, where readable, the debugfs engine clocks jtop reads (``sys/kernel/debug/clk
 with neither, from NVIDIA's module data: AGX Orin and Orin NX 16GB two, Orin Nano none
 (https://developer.nvidia.com/embedded/jetson-modules; the NX 8GB has one, which the platform
 devices tell).
+
+Default devices (:func:`default_host_specs`, for ``resolve_devices(None)`` on ``/``): on a
+real Orin every CPU cluster, the GPU and every DLA core when the ``tensorrt`` backend can run
+here (TensorRT's bindings and cuda-python import and CUDA answers); otherwise the clusters only,
+and :func:`jetson_device_notes` says why the GPU and DLA cores were left out, as the RK3588 NPU
+is left out without its toolkit (a ``hetsched.devices`` log warning is written too).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 
 from hetsched.backends import Device
 
@@ -21,7 +29,10 @@ from .._errors import DeviceSpecError
 from .._platform import devfreq, soc
 from .._platform._fs import SysfsRoot
 
-__all__ = ["JETSON_GPU_SOCS", "dla_core_count", "is_gpu_spec", "jetson_gpu_devices"]
+__all__ = ["JETSON_GPU_SOCS", "default_host_specs", "dla_core_count", "is_gpu_spec", "jetson_device_notes",
+           "jetson_gpu_devices", "jetson_soc"]
+
+log = logging.getLogger("hetsched.devices")
 
 JETSON_GPU_SOCS = ("orin-agx", "orin-nx", "orin-nano")
 
@@ -120,3 +131,48 @@ def jetson_gpu_devices(spec: str, s: str, fs: SysfsRoot) -> list[Device]:
         )
         for n in cores
     ]
+
+
+def jetson_soc(fs: SysfsRoot) -> str | None:
+    """The Orin module under ``fs`` (``orin-agx``, ``orin-nx``, ``orin-nano``) when ``fs`` is a real
+    board's root (the host's ``/``), else None (another SoC, or a twin's tree)."""
+    if not fs.is_host_root:
+        return None
+    name = soc.identify_soc(soc.read_compatible(fs), fs.read_text("etc/nv_tegra_release"))
+    return name if name in JETSON_GPU_SOCS else None
+
+
+def _tensorrt_reason() -> str | None:
+    from hetsched.backends.tensorrt import tensorrt_unavailable_reason
+
+    return tensorrt_unavailable_reason()
+
+
+def jetson_device_notes(fs: SysfsRoot, reason: Callable[[], str | None] = _tensorrt_reason) -> list[str]:
+    """What a real Orin's default device list leaves out and why: the GPU and the DLA cores when
+    the ``tensorrt`` backend cannot run here (``reason``: why not, or None). Empty elsewhere."""
+    name = jetson_soc(fs)
+    if name is None:
+        return []
+    why = reason()
+    if why is None:
+        return []
+    dla = dla_core_count(fs, name)
+    left = "gpu" + (f" and the DLA core{'s' if dla != 1 else ''} (dla)" if dla else "")
+    return [f"{left}: left out of the {name} board's default devices: {why}"]
+
+
+def default_host_specs(fs: SysfsRoot, reason: Callable[[], str | None] = _tensorrt_reason) -> list[str]:
+    """The device specs ``resolve_devices(None)`` means on the host root ``fs``: ``clusters``, and
+    on a real Orin ``gpu`` and ``dla`` (when it has DLA cores) too when the ``tensorrt``
+    backend can run (``reason`` returns None); when it cannot they are left out and a
+    ``hetsched.devices`` warning says why (:func:`jetson_device_notes`)."""
+    name = jetson_soc(fs)
+    if name is None:
+        return ["clusters"]
+    notes = jetson_device_notes(fs, reason)
+    if notes:
+        for note in notes:
+            log.warning("%s", note)
+        return ["clusters"]
+    return ["clusters", "gpu", *(["dla"] if dla_core_count(fs, name) else [])]

@@ -12,6 +12,11 @@ copied. Every pair that is not in one group is served by a channel; by default
 each unordered pair gets its own channel, and several pairs may be routed over
 one named channel (one DMA engine serving several links).
 
+A discrete NVIDIA GPU's memory is the ``cuda`` domain (``cuda:N`` for device N; see
+:meth:`MemoryDomain.cuda` and :meth:`Topology.discrete_cuda`): its pool allocates with
+``cudaMalloc`` and the transfer engine copies to and from it with ``cudaMemcpyAsync``. A
+Jetson's GPU needs no such domain: it shares the host's DRAM and uses pool buffers in place.
+
 Nothing here does I/O: a topology is plain data that the buffer pools and the
 transfer engine consult.
 """
@@ -51,6 +56,16 @@ class MemoryDomain:
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def cuda(cls, device_id: int = 0) -> MemoryDomain:
+        """The memory of discrete CUDA device ``device_id`` (``cuda``, ``cuda:N`` for N > 0).
+
+        :raises TransferError: ``device_id`` is negative.
+        """
+        if device_id < 0:
+            raise TransferError(f"a CUDA device number is >= 0, got {device_id}")
+        return cls("cuda" if device_id == 0 else f"cuda:{device_id}", MemoryKind.DEVICE)
 
 
 DomainLike = MemoryDomain | str
@@ -132,6 +147,12 @@ class Topology:
     def discrete(cls, host: str = "host", devices: Iterable[str] = ("gpu",)) -> Topology:
         """Every device has its own memory: each host<->device pair needs a copy."""
         return cls([MemoryDomain(host, MemoryKind.HOST), *(MemoryDomain(d, MemoryKind.DEVICE) for d in devices)])
+
+    @classmethod
+    def discrete_cuda(cls, host: str = "host", devices: Iterable[int] = (0,)) -> Topology:
+        """A host with discrete CUDA GPUs: each GPU's memory is a ``cuda`` domain reached by copies
+        (the pools of those domains hold ``cudaMalloc`` memory, see ``_memory``)."""
+        return cls([MemoryDomain(host, MemoryKind.HOST), *(MemoryDomain.cuda(d) for d in devices)])
 
     # -- queries -----------------------------------------------------------
 

@@ -4,6 +4,12 @@ Each pool maps its memory in *slabs* of shareable memory: a dma-buf from
 ``<root>/dev/dma_heap/<heap>`` where that exists and works, else a memfd
 (``os.memfd_create``), else anonymous memory. A slab is carved into equal blocks of one
 *size class* (see :func:`size_class`). See ``_buffers`` for the whole design.
+
+Every host slab is announced to ``hetsched.backends._cuda.HOST_MAPPINGS`` while it is mapped,
+so a GPU backend may register it with CUDA (``cudaHostRegister``) and use it in place; it is
+unregistered there before the slab is unmapped. The pool of the ``cuda`` memory domain
+(``cuda`` or ``cuda:N``, a discrete GPU's memory) maps its slabs with ``cudaMalloc`` instead
+(backing ``"cuda"``): such blocks have a device address and no host view.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import stat
 import struct
 import threading
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
-from .._errors import PathOutsideRootError, PlatformError, SysfsError
+from hetsched.backends import _cuda
+
+from .._errors import PathOutsideRootError, PlatformError, SysfsError, TransferError
 from .._platform._fs import SysfsRoot
 
 __all__ = ["ALIGNMENT", "SLAB_BYTES", "locate_shared", "size_class"]
@@ -36,7 +44,7 @@ _MAX_HOMES = 4096
 
 _U8 = np.dtype(np.uint8)
 
-Backing = Literal["auto", "dma-heap", "memfd", "anonymous"]
+Backing = Literal["auto", "dma-heap", "memfd", "anonymous", "cuda"]
 
 
 def size_class(nbytes: int) -> int:
@@ -105,7 +113,36 @@ class _AnonymousBacking:
         pass
 
 
-_BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking
+class _CudaBacking:
+    """Device memory of CUDA device ``device_id`` (``cudaMalloc``), with the copier the transfer
+    engine moves its blocks' bytes with."""
+
+    name = "cuda"
+
+    def __init__(self, device_id: int) -> None:
+        self._cudart = _cuda.load_cudart()
+        self.device_id = device_id
+        self.copier = _cuda.CudaCopier(self._cudart, device_id)
+
+    def map(self, size: int) -> tuple[int, _cuda.DeviceMemory]:
+        try:
+            return -1, _cuda.DeviceMemory(self._cudart, self.copier, self.device_id, size)
+        except _cuda.CudaError as exc:
+            raise OSError(str(exc)) from exc  # the pool reports mapping failures as OSError
+
+    def close(self) -> None:
+        self.copier.close()
+
+
+_BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking | _CudaBacking
+
+
+def cuda_device_of(domain: str) -> int | None:
+    """The CUDA device of a ``cuda`` memory domain's name (``cuda`` -> 0, ``cuda:N`` -> N), else None."""
+    head, _, tail = domain.partition(":")
+    if head != "cuda" or (tail and not tail.isdigit()):
+        return None
+    return int(tail) if tail else 0
 
 
 def _open_heap(root: str | os.PathLike[str], heap: str) -> tuple[int | None, str]:
@@ -164,6 +201,12 @@ def _open_backing(
             or ``heap`` is not a plain name.
     """
     why: str | None = None
+    device = cuda_device_of(label)
+    if kind == "cuda" or (kind == "auto" and device is not None):
+        try:
+            return _CudaBacking(device or 0), None
+        except ImportError as exc:  # BackendUnavailableError: no cuda-python
+            raise PlatformError(f"memory domain {label!r} is CUDA device memory: {exc}") from exc
     if kind in ("auto", "dma-heap"):
         heap_fd, why = _open_heap(root, heap)
         if heap_fd is not None:
@@ -185,23 +228,54 @@ def _open_backing(
     return _AnonymousBacking(), why or "memfd_create unavailable"
 
 
-class _Slab:
-    __slots__ = ("base", "carved", "fd", "in_use", "mm", "ptr", "size")
+class _DeviceBytes:
+    """Stands where a device block's host view would be: any use says why there is none."""
 
-    def __init__(self, fd: int, mm: mmap.mmap, size: int) -> None:
+    __slots__ = ("domain",)
+
+    def __init__(self, domain: str) -> None:
+        self.domain = domain
+
+    def _refuse(self) -> NoReturn:
+        raise TransferError(f"a buffer of memory domain {self.domain!r} lives in GPU memory and has no host view; "
+                            "transfer it to a host domain first")
+
+    def __getitem__(self, key: object) -> NoReturn:
+        self._refuse()
+
+    def __setitem__(self, key: object, value: object) -> NoReturn:
+        self._refuse()
+
+
+class _Slab:
+    __slots__ = ("base", "carved", "device", "fd", "in_use", "mm", "ptr", "size")
+
+    def __init__(self, fd: int, mm: mmap.mmap | _cuda.DeviceMemory, size: int) -> None:
         self.fd = fd
         self.mm = mm
         self.size = size
-        self.base: np.ndarray[Any, np.dtype[np.uint8]] | None = np.frombuffer(mm, dtype=_U8)
-        self.ptr = self.base.ctypes.data
         self.carved = 0
         self.in_use = 0
+        self.device: _cuda.DeviceMemory | None = None
+        """The ``cudaMalloc`` allocation of a ``cuda`` pool's slab (None: host memory)."""
+        self.base: np.ndarray[Any, np.dtype[np.uint8]] | None = None
+        if isinstance(mm, _cuda.DeviceMemory):
+            self.device = mm
+            self.ptr = mm.ptr
+            return
+        self.base = np.frombuffer(mm, dtype=_U8)
+        self.ptr = self.base.ctypes.data
+        _cuda.HOST_MAPPINGS.add(self.ptr, size)
         if fd >= 0:
             _register_shared(self)
 
     def unmap(self) -> None:
+        if isinstance(self.mm, _cuda.DeviceMemory):
+            self.mm.close()
+            return
         if self.fd >= 0:
             _forget_shared(self)
+        _cuda.HOST_MAPPINGS.remove(self.ptr, self.size)  # unregistered from CUDA before the munmap
         self.base = None
         try:
             self.mm.close()
@@ -262,14 +336,17 @@ def locate_shared(address: int, nbytes: int) -> tuple[int, int] | None:
 class _Block:
     __slots__ = ("data", "free", "offset", "ptr", "size", "slab", "views")
 
-    def __init__(self, slab: _Slab, offset: int, size: int) -> None:
-        assert slab.base is not None
+    def __init__(self, slab: _Slab, offset: int, size: int, domain: str = "") -> None:
         self.free = False
         """In its size class's free list now."""
         self.slab = slab
         self.offset = offset
         self.size = size
-        self.data = slab.base[offset : offset + size]
+        self.data: np.ndarray[Any, np.dtype[np.uint8]] | _DeviceBytes
+        if slab.base is None:
+            self.data = _DeviceBytes(domain or "cuda")
+        else:
+            self.data = slab.base[offset : offset + size]
         self.ptr = slab.ptr + offset
         # typed views of this block by (dtype, shape): a recycled block serving the same stage
         # output again hands out the same view instead of building three new array objects

@@ -14,7 +14,8 @@ How one ``await engine.transfer(buf, "npu", priority=p)`` proceeds::
             preempted                                 # SOFT-SUSPEND: keep offset, hand the channel over
             wait until the channel comes back         # no restart: resumes at the same offset
             resumed
-        copy the chunk (in a worker thread, GIL released, unless it is <= inline_bytes)
+        copy the chunk (in a worker thread, GIL released, unless it is <= inline_bytes);
+            to or from a ``cuda`` domain: cudaMemcpyAsync on the priority's CUDA stream, waited for
     hand the channel to the most urgent waiter; out and src back to ALLOCATED; unpin src
     after_transfer; return out                        # caller owns its one reference
 
@@ -42,6 +43,8 @@ from typing import Any, Protocol
 import anyio
 import anyio.lowlevel
 import numpy as np
+
+from hetsched.backends import _cuda
 
 from .._errors import RuntimeStateError, TransferError
 from ._buffers import BufferPool, BufferState, TensorBuffer
@@ -456,11 +459,17 @@ class TransferEngine:
             await anyio.lowlevel.checkpoint()
             return
         # both are ACTIVE (held), so neither can be evicted or released under us: use the raw blocks
-        assert src._block is not None and out._block is not None
-        s = src._block.data[:n]
-        d = out._block.data[:n]
+        sb, ob = src._block, out._block
+        assert sb is not None and ob is not None
+        copy: Callable[[int, int], None]
+        if sb.slab.device is None and ob.slab.device is None:
+            s, d, host_copy = sb.data[:n], ob.data[:n], self._copy
+
+            def copy(start: int, end: int) -> None:
+                host_copy(d[start:end], s[start:end])
+        else:  # a ``cuda`` pool's block on one side: cudaMemcpyAsync on the priority's stream
+            copy = _cuda.chunk_copy(sb.ptr, sb.size, sb.slab.device, ob.ptr, ob.size, ob.slab.device, t.priority)
         chunk = self.chunk_bytes
-        copy = self._copy
         while t.offset < n:
             if ch.queue and ch.queue[0].priority < t.priority:
                 # soft-suspend: progress (t.offset) and the bound buffers stay as they are
@@ -478,10 +487,10 @@ class TransferEngine:
             end = min(t.offset + chunk, n)
             try:
                 if end - t.offset <= self.inline_bytes:
-                    copy(d[t.offset : end], s[t.offset : end])
+                    copy(t.offset, end)
                     await anyio.lowlevel.checkpoint()
                 else:
-                    await anyio.to_thread.run_sync(copy, d[t.offset : end], s[t.offset : end], limiter=self._limiter)
+                    await anyio.to_thread.run_sync(copy, t.offset, end, limiter=self._limiter)
             except Exception as exc:
                 raise TransferError(
                     f"copying {_label_of(t)} over channel {ch.name!r} failed at byte {t.offset}: {exc}"

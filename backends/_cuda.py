@@ -1,0 +1,384 @@
+"""A thin, lazy wrapper over cuda-python's CUDA runtime module, for the TensorRT backend and the
+runtime's ``cuda`` memory domain.
+
+**Not run on a GPU by this project's CI**; written against the CUDA Runtime API reference
+(https://docs.nvidia.com/cuda/cuda-runtime-api/) and cuda-python's bindings, whose calls return
+``(cudaError_t, *values)`` the way NVIDIA/TensorRT ``samples/python/common_runtime.py`` unpacks
+them (``cuda_call``). cuda-python is imported at the first use, never at import time:
+``cuda.bindings.runtime`` (cuda-python 12.8 and later, 13.x), else ``cuda.cudart`` (older).
+
+What is here:
+
+* :data:`HOST_MAPPINGS`: the buffer pools' host mappings (memfd / dma-buf / anonymous slabs),
+  each registered with CUDA at most once (``cudaHostRegister``, ``Portable``, plus ``Mapped``
+  on an integrated GPU so that ``cudaHostGetDevicePointer`` gives the address the GPU uses)
+  and unregistered (``cudaHostUnregister``) when its pool unmaps it. This is how a Jetson's GPU
+  reads and writes the runtime's pool buffers in place.
+* :class:`PriorityStreams` and :class:`CudaCopier`: host<->device copies on streams made with
+  ``cudaStreamCreateWithPriority`` from ``cudaDeviceGetStreamPriorityRange``. CUDA documents
+  that stream priorities order *kernels* only, not memory copies
+  (``cuStreamCreateWithPriority``: "Stream priorities have no effect on host-to-device and
+  device-to-host memory operations"), so a HIGH copy overtakes a BACKGROUND one because the
+  transfer engine copies in chunks and hands the channel over at chunk boundaries, not because
+  of the stream.
+* :class:`DeviceMemory`: one ``cudaMalloc`` allocation, a slab of the ``cuda`` domain's pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hetsched._errors import BackendError, BackendUnavailableError
+
+__all__ = [
+    "HOST_MAPPINGS",
+    "INSTALL_HINT",
+    "CudaCopier",
+    "CudaError",
+    "DeviceMemory",
+    "HostMappings",
+    "PriorityStreams",
+    "chunk_copy",
+    "cuda_call",
+    "device_lost",
+    "load_cudart",
+    "stream_priority",
+]
+
+log = logging.getLogger("hetsched.backends")
+
+INSTALL_HINT = "pip install 'hetsched[tensorrt]' (it installs cuda-python; or pip install cuda-python)"
+
+# CUDA Runtime API, enum cudaError: after these the CUDA context is unusable ("the process must be
+# terminated and relaunched") or there is no device to use; any other error is about one call.
+_DEVICE_LOST = frozenset({
+    "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "cudaErrorHardwareStackError",
+    "cudaErrorIllegalInstruction", "cudaErrorMisalignedAddress", "cudaErrorInvalidAddressSpace",
+    "cudaErrorInvalidPc", "cudaErrorECCUncorrectable", "cudaErrorNoDevice", "cudaErrorDevicesUnavailable",
+    "cudaErrorInsufficientDriver", "cudaErrorSystemNotReady", "cudaErrorCudartUnloading",
+})
+
+# Flag values from the CUDA Runtime API's headers, used where a cuda-python build does not
+# export the constant under its C name.
+_HOST_REGISTER_PORTABLE = 0x01
+_HOST_REGISTER_MAPPED = 0x02
+_STREAM_NON_BLOCKING = 0x01
+
+
+class CudaError(BackendError):
+    """A CUDA runtime call returned an error; ``call`` names the call, ``name`` its ``cudaError_t``."""
+
+    def __init__(self, call: str, name: str) -> None:
+        super().__init__(f"{call} failed: {name}")
+        self.call = call
+        self.name = name
+
+
+def device_lost(name: str) -> bool:
+    """Whether the CUDA error ``name`` means the device (or its context) is gone, not just this call."""
+    return name in _DEVICE_LOST
+
+
+def load_cudart() -> Any:
+    """cuda-python's runtime module (``cuda.bindings.runtime``, or ``cuda.cudart`` before 12.8).
+
+    :raises BackendUnavailableError: cuda-python is not installed (an ``ImportError`` too); the
+        message names the extra that installs it.
+    """
+    try:
+        from cuda.bindings import runtime  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from cuda import cudart as runtime  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise BackendUnavailableError(f"CUDA memory needs cuda-python (module 'cuda.bindings.runtime' or "
+                                          f"'cuda.cudart'), which is not installed: {INSTALL_HINT}") from exc
+    return runtime
+
+
+def cuda_call(cudart: Any, result: Any, call: str) -> Any:
+    """The value(s) of a cuda-python call's ``(err, *values)``: None, one value, or a tuple.
+
+    :raises CudaError: ``err`` is not ``cudaSuccess`` (the message names ``call`` and the error).
+    """
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        name = getattr(err, "name", None) or str(err)
+        raise CudaError(call, str(name))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _flag(cudart: Any, name: str, value: int) -> int:
+    return int(getattr(cudart, name, value))
+
+
+# -- the pools' host mappings -------------------------------------------------------------------
+
+
+@dataclass
+class _Mapping:
+    base: int
+    size: int
+    cudart: Any = None
+    """The runtime module it was registered through (None: not registered)."""
+    device: int = 0
+    """``cudaHostGetDevicePointer`` of ``base`` (0: registered without ``Mapped``)."""
+    mapped: bool = False
+    refused: str = ""
+    """Why CUDA refused to register it (then it is not asked again; its users copy instead)."""
+
+
+class HostMappings:
+    """The buffer pools' live host mappings and their CUDA registrations (process-wide, thread-safe).
+
+    The runtime's pools :meth:`add` every slab they map and :meth:`remove` it before unmapping;
+    a backend asks :meth:`device_address` for memory it wants the GPU to use in place. A
+    mapping is registered at its first such request and unregistered at :meth:`remove`, so no
+    registration outlives its memory, and memory that is not a pool's is never registered
+    (its lifetime is not known here).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._maps: list[_Mapping] = []
+
+    def add(self, base: int, size: int) -> None:
+        with self._lock:
+            i = bisect.bisect_left(self._starts, base)
+            self._starts.insert(i, base)
+            self._maps.insert(i, _Mapping(base, size))
+
+    def remove(self, base: int, size: int) -> None:
+        """Forget the mapping at ``base``, unregistering it first when it was registered.
+
+        An unregistration error is not raised: the memory is being unmapped either way, and
+        after a lost device CUDA answers every call with the same error.
+        """
+        with self._lock:
+            i = bisect.bisect_left(self._starts, base)
+            while i < len(self._maps) and self._starts[i] == base:
+                m = self._maps[i]
+                if m.size == size:
+                    del self._starts[i]
+                    del self._maps[i]
+                    break
+                i += 1
+            else:
+                return
+        if m.cudart is not None:
+            m.cudart.cudaHostUnregister(m.base)
+
+    def _find_locked(self, address: int, nbytes: int) -> _Mapping | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        m = self._maps[i]
+        return m if address + nbytes <= m.base + m.size else None
+
+    def contains(self, address: int, nbytes: int) -> bool:
+        """Whether ``nbytes`` at ``address`` lie inside one live pool mapping."""
+        with self._lock:
+            return self._find_locked(address, nbytes) is not None
+
+    def device_address(self, cudart: Any, address: int, nbytes: int, *, mapped: bool) -> int | None:
+        """The address a CUDA device uses for ``nbytes`` at ``address`` (``mapped``: an integrated GPU
+        reading host memory in place), registering their mapping once; with ``mapped=False`` the
+        mapping is only pinned (faster DMA) and the host address itself is returned.
+
+        None when they are not inside one pool mapping, or when CUDA refused to register it
+        (``cudaHostRegister`` / ``cudaHostGetDevicePointer`` failed: logged once as a
+        ``hetsched.backends`` warning, a half-made registration undone, and not tried again for
+        that mapping): the caller then copies through memory of its own, which also brings out a
+        CUDA failure that is not about this memory.
+        """
+        with self._lock:
+            m = self._find_locked(address, nbytes)
+            if m is None or m.refused:
+                return None
+            if m.cudart is None or (mapped and not m.mapped):
+                try:
+                    self._register_locked(cudart, m, mapped)
+                except CudaError as exc:
+                    m.refused = str(exc)
+                    log.warning("pool memory at %#x (%d bytes) is copied, not used in place: %s", m.base, m.size, exc)
+                    return None
+            return (m.device if m.mapped else m.base) + (address - m.base)
+
+    @staticmethod
+    def _register_locked(cudart: Any, m: _Mapping, mapped: bool) -> None:
+        if m.cudart is not None:  # pinned before, now wanted mapped: register again with the flag
+            m.cudart.cudaHostUnregister(m.base)
+            m.cudart = None
+        flags = _flag(cudart, "cudaHostRegisterPortable", _HOST_REGISTER_PORTABLE)
+        if mapped:
+            flags |= _flag(cudart, "cudaHostRegisterMapped", _HOST_REGISTER_MAPPED)
+        cuda_call(cudart, cudart.cudaHostRegister(m.base, m.size, flags), "cudaHostRegister")
+        device = 0
+        if mapped:
+            try:
+                device = int(cuda_call(cudart, cudart.cudaHostGetDevicePointer(m.base, 0), "cudaHostGetDevicePointer"))
+            except BaseException:
+                cudart.cudaHostUnregister(m.base)
+                raise
+        m.cudart, m.device, m.mapped = cudart, device, mapped
+
+    def registered(self) -> int:
+        """How many mappings are registered with CUDA now."""
+        with self._lock:
+            return sum(1 for m in self._maps if m.cudart is not None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._maps)
+
+
+HOST_MAPPINGS = HostMappings()
+"""The process's pool mappings (``hetsched._runtime._memory`` adds and removes its slabs here)."""
+
+
+# -- streams and copies ---------------------------------------------------------------------------
+
+
+def stream_priority(level: int, least: int, greatest: int) -> int:
+    """The CUDA stream priority for a runtime priority ``level`` (``Priority``: 0 REALTIME ... 3
+    BACKGROUND) in the device's range (``cudaDeviceGetStreamPriorityRange``: lower numbers are
+    more urgent, ``greatest <= least``): REALTIME and HIGH get ``greatest``, BACKGROUND
+    ``least``, NORMAL the middle, rounded towards ``least``."""
+    if level <= 1:
+        return greatest
+    if level >= 3:
+        return least
+    return least - (least - greatest) // 2
+
+
+class PriorityStreams:
+    """One non-blocking CUDA stream per runtime priority level on one device, made at first use.
+
+    :raises CudaError: (from :meth:`stream_for`) the range query or the stream creation failed.
+    """
+
+    def __init__(self, cudart: Any, device_id: int = 0) -> None:
+        self._cudart = cudart
+        self.device_id = device_id
+        self._lock = threading.Lock()
+        self._range: tuple[int, int] | None = None
+        self._streams: dict[int, Any] = {}
+
+    def priority_of(self, level: int) -> int:
+        c = self._cudart
+        if self._range is None:
+            least, greatest = cuda_call(c, c.cudaDeviceGetStreamPriorityRange(), "cudaDeviceGetStreamPriorityRange")
+            self._range = (int(least), int(greatest))
+        return stream_priority(level, *self._range)
+
+    def stream_for(self, level: int) -> Any:
+        key = max(0, min(3, int(level)))
+        with self._lock:
+            stream = self._streams.get(key)
+            if stream is None:
+                c = self._cudart
+                cuda_call(c, c.cudaSetDevice(self.device_id), "cudaSetDevice")
+                flags = _flag(c, "cudaStreamNonBlocking", _STREAM_NON_BLOCKING)
+                stream = cuda_call(c, c.cudaStreamCreateWithPriority(flags, self.priority_of(key)),
+                                   "cudaStreamCreateWithPriority")
+                self._streams[key] = stream
+            return stream
+
+    def close(self) -> None:
+        """Destroy the streams (errors ignored: the device may be gone)."""
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for s in streams:
+            self._cudart.cudaStreamDestroy(s)
+
+
+class CudaCopier:
+    """Copies one chunk at a time on the stream of the copy's priority, and waits for it.
+
+    Waiting (``cudaStreamSynchronize``) before returning is what lets the transfer engine hand
+    the channel over at a chunk boundary and release a cancelled copy's buffers: no DMA is in
+    flight into memory once :meth:`copy` has returned.
+    """
+
+    def __init__(self, cudart: Any, device_id: int = 0) -> None:
+        self._cudart = cudart
+        self.streams = PriorityStreams(cudart, device_id)
+        self.chunks = 0
+
+    def copy(self, dst: int, src: int, nbytes: int, *, to_device: bool, from_device: bool, priority: int) -> None:
+        """Copy ``nbytes`` from address ``src`` to ``dst`` (host or device as the flags say).
+
+        :raises CudaError: the copy or the wait failed (it names the call).
+        """
+        c = self._cudart
+        kinds = c.cudaMemcpyKind
+        if to_device and from_device:
+            kind = kinds.cudaMemcpyDeviceToDevice
+        elif to_device:
+            kind = kinds.cudaMemcpyHostToDevice
+        elif from_device:
+            kind = kinds.cudaMemcpyDeviceToHost
+        else:
+            kind = kinds.cudaMemcpyHostToHost
+        stream = self.streams.stream_for(priority)
+        cuda_call(c, c.cudaMemcpyAsync(dst, src, nbytes, kind, stream), "cudaMemcpyAsync")
+        cuda_call(c, c.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        self.chunks += 1
+
+    def close(self) -> None:
+        self.streams.close()
+
+
+class DeviceMemory:
+    """One ``cudaMalloc`` allocation of ``size`` bytes on ``device_id``: a slab of a ``cuda`` pool.
+
+    :raises CudaError: ``cudaSetDevice`` or ``cudaMalloc`` failed.
+    """
+
+    def __init__(self, cudart: Any, copier: CudaCopier, device_id: int, size: int) -> None:
+        self.cudart = cudart
+        self.copier = copier
+        self.device_id = device_id
+        self.size = size
+        cuda_call(cudart, cudart.cudaSetDevice(device_id), "cudaSetDevice")
+        self.ptr = int(cuda_call(cudart, cudart.cudaMalloc(size), "cudaMalloc"))
+        self.closed = False
+
+    def close(self) -> None:
+        """``cudaFree`` (once; an error is not raised, the device may be gone)."""
+        if not self.closed:
+            self.closed = True
+            self.cudart.cudaFree(self.ptr)
+
+
+def chunk_copy(src: int, src_size: int, src_device: DeviceMemory | None, dst: int, dst_size: int,
+               dst_device: DeviceMemory | None, priority: int) -> Callable[[int, int], None]:
+    """``copy(start, end)`` moving bytes ``start:end`` of the block at ``src`` to the one at ``dst``
+    through CUDA; ``*_device`` is the block's ``cudaMalloc`` slab, None for host memory (one of
+    them is not None). Each call runs on the stream of ``priority`` and waits for its copy.
+
+    A host block's pool mapping is pinned once (``cudaHostRegister``) where CUDA allows it;
+    where it does not, CUDA copies from pageable memory, only more slowly.
+    """
+    dev = src_device or dst_device
+    if dev is None:
+        raise ValueError("chunk_copy needs a device block on one side")
+    copier, cudart = dev.copier, dev.cudart
+    for address, size, on_device in ((src, src_size, src_device), (dst, dst_size, dst_device)):
+        if on_device is None:  # pinned where CUDA lets it; pageable memory is copied too, more slowly
+            HOST_MAPPINGS.device_address(cudart, address, size, mapped=False)
+    to_device, from_device = dst_device is not None, src_device is not None
+
+    def copy_range(start: int, end: int) -> None:
+        copier.copy(dst + start, src + start, end - start, to_device=to_device, from_device=from_device,
+                    priority=priority)
+
+    return copy_range
