@@ -19,7 +19,11 @@ from typing import Any
 
 from ._events import EventInfo, Hooks
 
-__all__ = ["GovernorHooks"]
+__all__ = ["DWELL_S", "GovernorHooks"]
+
+DWELL_S = 0.25
+"""Shortest phase a Session-driven governor switches clocks for: at most about four writes per
+domain per second, however fast requests come (a 30 fps loop's 33 ms frames hold one point)."""
 
 
 class GovernorHooks(Hooks):
@@ -27,12 +31,20 @@ class GovernorHooks(Hooks):
 
     ``governor`` needs ``on_phase(phase)`` (thread-safe: stage hooks run in device
     worker threads), e.g. :class:`hetsched.Governor`.
+
+    A Session's phases come once per request, many a second, so a governor with an engine
+    (:class:`hetsched.Governor`) that has no dwell of its own gets ``dwell_s``: phases
+    shorter than that switch no clock and the loop's longest working phase (INFER) sets
+    them for the whole request loop (``GovernorEngine.dwell_s``). None leaves it as it is.
     """
 
-    def __init__(self, governor: Any):
+    def __init__(self, governor: Any, *, dwell_s: float | None = DWELL_S):
         from ._governor import Phase
 
         self.governor = governor
+        engine = getattr(governor, "engine", None)
+        if dwell_s is not None and engine is not None and getattr(engine, "dwell_s", 0.0) is None:
+            engine.dwell_s = dwell_s
         self._phase = Phase
         self._lock = threading.Lock()
         self._requests = 0

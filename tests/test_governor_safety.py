@@ -404,3 +404,30 @@ def test_a_profile_that_is_no_profile_is_a_profile_error(content: bytes, tmp_pat
     root = build_board_tree(tmp_path / "board", "rk3588")
     with pytest.raises(ProfileError, match=str(path)):
         Governor(root, profile=path, handle_signals=False)
+
+
+def test_a_run_link_swapped_in_after_start_is_not_followed(tmp_path):
+    """The state directory is walked with O_NOFOLLOW at every write: a link planted in
+    ``run/`` after the writer resolved it is refused, and nothing outside changes."""
+    import os
+
+    from hetsched._governor._published import _Dir
+    from hetsched._platform._fs import SysfsRoot
+
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = _Dir(SysfsRoot(root))
+    d.write("governor-state.json", {"phase": "idle"})
+    assert (root / "run" / "hetsched" / "governor-state.json").exists()
+    d.remove("governor-state.json")
+    d.tidy()
+    assert not (root / "run" / "hetsched").exists()
+    # Now swap a link to the outside directory in where the writer will create its directory.
+    os.symlink(outside, root / "run" / "hetsched")
+    import pytest
+
+    with pytest.raises(OSError):
+        d.write("governor-state.json", {"phase": "idle"})
+    assert list(outside.iterdir()) == []

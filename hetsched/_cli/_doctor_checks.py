@@ -402,7 +402,7 @@ def check_dead_governor(
             "governor", "fail", saved_path,
             f"clocks left changed by a hetsched governor that died (pid {pid}): {len(changed)} knobs differ "
             f"from what it saved ({shown})",
-            f"`hetsched doctor --restore-clocks` writes the saved values back (or reboot); {saved_path} holds them",
+            f"`hetsched restore --root DIR` (or `hetsched doctor --restore-clocks`) writes the saved values back (or reboot); {saved_path} holds them",
         ))
     else:
         out.append(Finding("governor", "warn", saved_path if saved is not None else f"pid {pid}",

@@ -39,6 +39,7 @@ from ._common import (
     stage_rows,
 )
 from ._compile import add_int8_args, calibration_arg, with_accuracy
+from ._run_governed import governor_summary, paced_requests, print_governor_summary, run_governed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,12 +73,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "restores every knob at the end, also on SIGTERM/SIGINT")
     g.add_argument("--slowdown", type=float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
     g.add_argument("--power-budget", type=float, default=None, metavar="W", help="hard power cap in watts")
-    g.add_argument("--frame-deadline-ms", type=float, default=None, metavar="MS",
-                   help="frame-paced work: one request's phases may take up to MS (instead of --slowdown); "
-                        "the governor finds the least energy that still meets it")
+    p.add_argument("--frame-deadline-ms", type=float, default=None, metavar="MS",
+                   help="frame-paced work: one request per frame period (--frame-period-ms, default MS), each "
+                        "due within MS (board time on a twin's devices), misses counted (deadline_misses); with "
+                        "--governor phase one request's phases may take up to MS (instead of --slowdown): the "
+                        "governor finds the least energy that still meets it")
+    p.add_argument("--frame-period-ms", type=float, default=None, metavar="MS",
+                   help="frame period of --frame-deadline-ms (default: the deadline)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log the governor's decisions to stderr (as --dry-run does)")
     g.add_argument("--governor-profile", metavar="PATH",
                    help="JSON profile to load if it exists, and to save what auto-tune learned to")
-    g.add_argument("--dry-run", action="store_true", help="decide and log clock changes, write nothing")
+    g.add_argument("--dry-run", action="store_true",
+                   help="decide clock changes and log each to stderr (phase, domain, from -> to, why), write nothing")
     p.set_defaults(func=main)
 
 
@@ -138,10 +146,7 @@ def governor_statistics(hooks: list) -> dict:
     for h in hooks:
         gov = getattr(h, "governor", None)
         if gov is not None:
-            st = gov.statistics()
-            return {"phase_switches": st.phase_switches, "decisions": st.decisions, "writes": st.writes,
-                    "writes_avoided": st.writes_avoided, "locked_domains": list(st.locked_domains),
-                    "dry_run": st.dry_run, "ungoverned": st.ungoverned}
+            return governor_summary(gov)
     return {}
 
 
@@ -157,6 +162,16 @@ def main(args: argparse.Namespace) -> int:
 
     if args.governor != "none" and not args.root:
         raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
+    period_ms = args.frame_period_ms if args.frame_period_ms is not None else args.frame_deadline_ms
+    # (governed, GovernorConfig itself names a bad deadline: loop_deadline_s)
+    if args.frame_deadline_ms is not None and args.governor == "none" and not args.frame_deadline_ms > 0:
+        raise SystemExit(f"hetsched run: --frame-deadline-ms {args.frame_deadline_ms}: must be > 0")
+    if period_ms is not None and args.frame_deadline_ms is None:
+        raise SystemExit("hetsched run: --frame-period-ms needs --frame-deadline-ms")
+    if args.frame_period_ms is not None and not args.frame_period_ms > 0:
+        raise SystemExit(f"hetsched run: --frame-period-ms {args.frame_period_ms}: must be > 0")
+    if period_ms is not None and (args.stream or args.concurrency != 1):
+        raise SystemExit("hetsched run: --frame-deadline-ms paces one request per frame (no --stream, --concurrency 1)")
     signalled: list[int] = []
 
     async def serve(hooks: list) -> int:
@@ -173,7 +188,13 @@ def main(args: argparse.Namespace) -> int:
                 summary: dict = {"model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": done,
                                  "mode": "stream", "throughput_rps": done / wall}
             else:
-                lat = await run_requests(s, feeds, args.requests, args.concurrency, progress)
+                paced = None
+                if period_ms is not None:
+                    paced = await paced_requests(s, feeds, args.requests, period_ms / 1e3,
+                                                 args.frame_deadline_ms / 1e3, progress)
+                    lat = paced.latencies_s
+                else:
+                    lat = await run_requests(s, feeds, args.requests, args.concurrency, progress)
                 wall = time.perf_counter() - t0
                 summary = {
                     "model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": len(lat),
@@ -181,6 +202,10 @@ def main(args: argparse.Namespace) -> int:
                     "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
                     "throughput_rps": len(lat) / wall,
                 }
+                if paced is not None:
+                    summary.update({"frame_deadline_ms": args.frame_deadline_ms, "frame_period_ms": period_ms,
+                                    "deadline_misses": paced.misses, "frame_overruns": paced.overruns,
+                                    "latency_source": paced.source})
             summary["inputs"] = {name: list(np.shape(v)) for name, v in feeds.items()}
             summary["refused"] = s.plan.to_json()["refused"]
             comp = s.statistics().compile
@@ -195,7 +220,10 @@ def main(args: argparse.Namespace) -> int:
             st = s.statistics()
             summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
                                   "reasons": dict(st.replanning.reasons)}
+            summary["energy_j"] = st.energy_j
+            summary["energy_per_request_j"] = None
             if st.energy_j is not None and summary["requests"]:
+                summary["energy_per_request_j"] = st.energy_j / summary["requests"]
                 summary["energy"] = {"joules": st.energy_j, "source": st.energy_source,
                                      "mj_per_request": st.energy_j / summary["requests"] * 1e3}
             gov_stats = governor_statistics(hooks)
@@ -210,6 +238,9 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
                           f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s")
+                if "deadline_misses" in summary:
+                    print(f"frame-paced every {period_ms:g} ms: {summary['deadline_misses']} of {summary['requests']} "
+                          f"missed the {args.frame_deadline_ms:g} ms deadline ({summary['latency_source']} latency)")
                 if args.check:
                     print(f"check vs onnxruntime: max |diff| {summary['check']['max_abs_diff']:.3g}, "
                           f"min cosine {summary['check']['min_cosine']:.6f}")
@@ -220,52 +251,36 @@ def main(args: argparse.Namespace) -> int:
                 if "energy" in summary:
                     print(f"energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
                           f"({summary['energy']['source']}, every stage run, re-planned ones included)")
+                if gov_stats:
+                    print_governor_summary(gov_stats)
         return 0
 
-
-    async def governed() -> int:
-        from pathlib import Path
-
-        from hetsched._governed import GovernorHooks
-        from hetsched._governor import Governor, GovernorConfig
-
-        profile_path = Path(args.governor_profile) if args.governor_profile else None
-        deadline = None if args.frame_deadline_ms is None else args.frame_deadline_ms / 1e3
-        gov = Governor(
-            args.root, config=GovernorConfig(slowdown=args.slowdown, power_budget_w=args.power_budget,
-                                             loop_deadline_s=deadline),
-            profile=profile_path if profile_path is not None and profile_path.exists() else None,
-            workload=Path(str(args.model)).stem, dry_run=args.dry_run, handle_signals=False,
-        )
-        # The governor restores every knob when this block exits: normally, on error, or
-        # when the signal watcher below cancels the run (restore runs shielded).
-        async with gov:
-            hooks = GovernorHooks(gov)
-
-            rc = await serve([hooks])
-            if profile_path is not None:
-                gov.profile().save(profile_path)
-        return rc
 
     async def go() -> int:
         import signal
 
         rc = 0
+        body = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
 
             async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                     task_status.started()
-                    # Keep receiving until the run has unwound: a second signal must not fall
-                    # through to the default handler and kill us before the clocks are restored.
+                    # Only the run is cancelled, never this receiver: it keeps every later signal
+                    # until the run (the governor's restore included) has unwound. A receiver that
+                    # closed with the run would hand a second SIGTERM to the default handler,
+                    # which kills the process half-way through the restore.
                     async for signum in signals:
                         if not signalled:
                             signalled.append(int(signum))
-                            tg.cancel_scope.cancel()
+                            body.cancel()
 
             await tg.start(watch)
-            rc = await (governed() if args.governor != "none" else serve([]))
-            tg.cancel_scope.cancel()
+            try:
+                with body:
+                    rc = await (run_governed(args, serve) if args.governor != "none" else serve([]))
+            finally:
+                tg.cancel_scope.cancel()
         if signalled:
             print(f"hetsched run: stopped by signal {signalled[0]}; clocks restored", file=sys.stderr)
             return 128 + signalled[0]

@@ -18,6 +18,15 @@ auto-tune then measures the *loop* (that phase and every working phase until it 
 again, plus the energy of any IDLE between, :attr:`PhaseModel.unit` ``"loop"``), since
 the short phases run at the clocks it leaves. A tuning point that writes a domain too slow
 for the phase gets a settle run (the occurrence is not measured, the point is repeated).
+
+Dwell (``dwell_s``, set for a Session's per-request phases). A phase that lasts less than
+``dwell_s`` switches no domain: a 30 fps loop that set the clocks for its 5 ms inference and
+again for the 28 ms wait would write every domain 60 times a second, each write a transition
+the work stalls on and a settle the measurements cannot trust. The loop's longest working
+phase (its *owner*, INFER for inference) then sets every domain once for the whole loop, is
+the only phase tuned, and is tuned on the loop (its work time; the energy of the whole
+loop, the waits included), so the steady state writes only when the decision changes.
+Writes that lower a clock under a power or thermal cap are never held back.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from .._errors import PowerBudgetError, ProfileError, RuntimeStateError
 from .._snapshot import Snapshot
 from ._clocks import ClockWriter
 from ._decide import Decision, DecisionInput, GovernorConfig, decide, switchable
+from ._dwell import hold_back, log_decision, may_switch
 from ._loop import held_domains, loop_slowdown, slowdown_share
 from ._meter import PhaseLedger, PowerMeter
 from ._model import Measurement, PhaseModel, choose
@@ -54,6 +64,12 @@ _TUNE_AFTER = 3
 governors, the next ones at the top clocks (what the phase's length is judged on)."""
 
 
+def _samples_integrated_by_telemetry(port: ClockPort) -> bool:
+    from ._sysfs import SysfsPort
+
+    return isinstance(port, SysfsPort)
+
+
 class GovernorEngine:
     """Synchronous governor core over a :class:`ClockPort` (see the module docstring).
 
@@ -71,6 +87,7 @@ class GovernorEngine:
         dry_run: bool = False,
         workload: str = "default",
         history: int = 256,
+        dwell_s: float | None = None,
     ) -> None:
         self.port = port
         self.config = config or GovernorConfig()
@@ -80,6 +97,8 @@ class GovernorEngine:
         self.autotune = autotune
         self.dry_run = dry_run
         self.ungoverned = False
+        self.dwell_s = dwell_s
+        """Phases shorter than this switch no domain (see the module docstring); None: off."""
         self._models: dict[Phase, PhaseModel] = {}
         if profile is not None:
             if profile.board.domains and dict(profile.board.domains) != dict(self.board.domains):
@@ -93,7 +112,9 @@ class GovernorEngine:
         self._untunable: set[Phase] = set()
         self._successor: dict[Phase, Phase] = {}
         self._book = PhaseLedger()
-        self._meter = PowerMeter()
+        # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
+        # at phase boundaries; a simulation's (or another port's) counter is its own.
+        self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))
         self._guard = ThermalGuard(self.config)
         self._clocks = ClockWriter(port, self.domains, self.config)
         self._saved: Any = None
@@ -122,6 +143,8 @@ class GovernorEngine:
         self._tune_meas = 0
         self._capped = 0
         self._max_pred: float | None = None
+        self._logged = 0
+        self._t_start: float | None = None
         self.history: deque[Decision] = deque(maxlen=history)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -138,6 +161,7 @@ class GovernorEngine:
         if not self.dry_run and not self.ungoverned:
             self._saved = self.port.save()
         self._clocks.read_all()
+        self._t_start = self.port.now()
         self._published.started(self._saved, dry_run=self.dry_run)
         self._started = True
         self._observe(self.port.sample())
@@ -336,6 +360,11 @@ class GovernorEngine:
             return
         if self._tuners:
             return  # one phase at a time: the others' clocks must be settled while it is measured
+        dwelling = self._dwelling(phase)
+        if dwelling is not None and not dwelling:
+            # Too short to switch anything for: it runs at the clocks the loop's owner sets.
+            self._untunable.add(phase)
+            return
         # Longest phases first: shorter ones inherit the domains they cannot switch from them.
         waiting = [
             p for p in self._book.expected
@@ -354,7 +383,11 @@ class GovernorEngine:
             self._untunable.add(phase)
             return
         cfg = self.config
-        if held and cfg.power_budget_w is None and self._loop_owner is None:
+        # Under a dwell the owner sets the clocks the shorter phases run at, as for held domains.
+        owns = bool(dwelling) and any(
+            self._dwelling(p) is False for p in self._book.expected if p is not phase
+        )
+        if (held or owns) and cfg.power_budget_w is None and self._loop_owner is None:
             # It sets clocks the rest of the loop runs at: judge them by the whole loop. (Not
             # under a budget: that is a cap on instantaneous power, not on the loop's mean.)
             self._loop_owner = phase
@@ -392,7 +425,8 @@ class GovernorEngine:
         assert phase is not None
         seconds = now - self._phase_t0
         energy = self._meter.energy_j - self._phase_e0
-        self._book.record(phase, seconds, energy)
+        point = self._phase_point
+        self._book.record(phase, seconds, energy, None if point is None else point.as_dict())
         acc = self._loop_acc
         if acc is not None:
             # Idle time is not work (the bound is on work time), its energy is the loop's.
@@ -440,7 +474,7 @@ class GovernorEngine:
             successor_expected_s=self._book.length(self._successor.get(phase)),
             held=self._held_for(phase),
         )
-        decision = decide(inp)
+        decision = self._hold_back(decide(inp), tuning_point)
         self._decisions += 1
         if decision.predicted is not None:
             p = decision.predicted.power_w
@@ -454,10 +488,22 @@ class GovernorEngine:
                                  and d not in decision.writes and d not in self._clocks.locked)
         self.history.append(decision)
         self._last_decision = decision
-        if decision.writes:
-            log.debug("governor: %s -> %s (%s)", phase, dict(decision.writes), decision.reason)
+        self._log(decision, inp.current)
         self._apply(decision.writes)
         return decision
+
+    def _dwelling(self, phase: Phase) -> bool | None:
+        return may_switch(phase, self._book.expected, self.dwell_s)
+
+    def _hold_back(self, decision: Decision, tuning_point: OperatingPoint | None) -> Decision:
+        if tuning_point is not None or not decision.writes or self._dwelling(decision.phase) is not False:
+            return decision
+        kept = hold_back(decision, self._clocks.current)
+        self._avoided += len(decision.writes) - len(kept.writes)
+        return kept
+
+    def _log(self, decision: Decision, before: Mapping[str, int]) -> None:
+        self._logged += log_decision(log, decision, before, dry_run=self.dry_run)
 
     def _apply(self, writes: Mapping[str, int]) -> None:
         self._clocks.apply(writes, pretend=self.dry_run or self.ungoverned)
@@ -520,5 +566,9 @@ class GovernorEngine:
             ungoverned=self.ungoverned,
             restored=self._restored,
             phases=MappingProxyType(phases),
+            writes_by_domain=MappingProxyType(dict(self._clocks.writes_by_domain)),
+            decisions_logged=self._logged,
+            elapsed_s=0.0 if self._t_start is None else max(0.0, self.port.now() - self._t_start),
+            peak_temp_c=MappingProxyType(dict(self._meter.peak_temp_c)),
         )
 

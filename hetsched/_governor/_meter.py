@@ -9,6 +9,8 @@ Neither decides anything: :class:`~hetsched._governor._engine.GovernorEngine` re
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from .._snapshot import Snapshot
 from ._phase import Phase
@@ -22,31 +24,43 @@ _POWER_SMOOTH_S = 1.0
 
 
 class PowerMeter:
-    """Energy integrated from telemetry since start, and the board's power now."""
+    """Energy integrated from telemetry since start, and the board's power now.
 
-    def __init__(self) -> None:
+    :param counters: use the input rail's cumulative energy where the snapshot carries one
+        (a board's own counter, a simulation's exact integral). False where that figure is
+        only the telemetry's trapezoid of the very samples the governor takes (a sysfs
+        board's INA3221 readings, a live twin's): see :meth:`observe`.
+    """
+
+    def __init__(self, *, counters: bool = True) -> None:
         self.energy_j = 0.0
         self.power_w: float | None = None
-        """The last power sample (the counter's mean rate since the sample before, if any)."""
+        """The last power sample (the board's mean power since the sample before)."""
         self.smooth_w: float | None = None
         """Power smoothed over about a second."""
         self.max_smooth_w = 0.0
+        self.peak_temp_c: dict[str, float] = {}
+        """The hottest each thermal zone has read."""
+        self.counters = counters
         self._total_rail: str | None = None
         self._last_counter: float | None = None
         self._last_t: float | None = None
 
     def observe(self, t: float, snap: Snapshot) -> tuple[float | None, float]:
         """Account for ``snap`` taken at ``t``: returns (power now or None, seconds since the last power sample)."""
+        for name, zone in snap.zones.items():
+            temp = zone.temp_c
+            if temp is not None and math.isfinite(temp) and temp > self.peak_temp_c.get(name, -math.inf):
+                self.peak_temp_c[name] = temp
         power = snap.total_power_w
         if power is None:
             vals = [r.power_w for r in snap.rails.values() if r.power_w is not None]
             power = sum(vals) if vals else None
-        counter = self._energy_counter(snap, power)
+        counter = self._energy_counter(snap, power) if self.counters else None
         dt = t - self._last_t if self._last_t is not None else 0.0
         if counter is not None:
-            # The board's own energy counter (or the telemetry's integral of the input
-            # rail at its own rate) is better than integrating our sparser samples, and
-            # its rate is the mean power since the last sample: samples taken at phase
+            # The board's own energy counter is better than integrating our sparser samples,
+            # and its rate is the mean power since the last sample: samples taken at phase
             # boundaries would otherwise see mostly the instants between phases.
             if self._last_counter is not None and counter >= self._last_counter:
                 self.energy_j += counter - self._last_counter
@@ -54,8 +68,14 @@ class PowerMeter:
                     power = (counter - self._last_counter) / dt
             self._last_counter = counter
         if power is not None:
-            if counter is None and self._last_t is not None and self.power_w is not None and dt > 0:
-                self.energy_j += 0.5 * (power + self.power_w) * dt
+            if counter is None and self._last_t is not None and dt > 0:
+                # A rail reading is the mean over the interval that just ended (a sensor's
+                # averaging window, RAPL's counter delta, a twin's last period), so it stands
+                # for the time since the sample before. The trapezoid of the same samples
+                # (what a telemetry integral of them is) gives a short busy phase and the long
+                # wait after it the same blend of both, whatever their lengths: a point that
+                # makes the busy phase slower and longer would look free.
+                self.energy_j += power * dt
             if self.smooth_w is None or self._last_t is None:
                 self.smooth_w = power
             else:
@@ -95,9 +115,13 @@ class PhaseLedger:
         kernel governors (or a slow tuning point) does not make a slow domain look switchable."""
         self.bias: dict[Phase, float] = {}
         """Measured minus predicted power of each tuned phase (a running mean)."""
+        self.clocks: dict[Phase, dict[str, int]] = {}
+        """The clocks each phase's latest occurrence ran at."""
 
-    def record(self, phase: Phase, seconds: float, energy_j: float) -> None:
-        """One occurrence of ``phase`` ended: it took ``seconds`` and ``energy_j``."""
+    def record(self, phase: Phase, seconds: float, energy_j: float, clocks: Mapping[str, int] | None = None) -> None:
+        """One occurrence of ``phase`` ended: it took ``seconds`` and ``energy_j`` at ``clocks``."""
+        if clocks is not None:
+            self.clocks[phase] = dict(clocks)
         self.occurrences[phase] = self.occurrences.get(phase, 0) + 1
         self.total_s[phase] = self.total_s.get(phase, 0.0) + seconds
         self.energy_j[phase] = self.energy_j.get(phase, 0.0) + energy_j
@@ -132,4 +156,5 @@ class PhaseLedger:
             tuning=tuning,
             untunable=untunable,
             power_bias_w=self.bias.get(phase, 0.0),
+            clocks=MappingProxyType(dict(self.clocks.get(phase, {}))),
         )

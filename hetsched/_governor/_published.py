@@ -121,24 +121,44 @@ def pid_alive(pid: int) -> bool:
 
 
 class _Dir:
-    """``<root>/run/hetsched``, made at the first write; files opened without following links."""
+    """``<root>/run/hetsched``, made at the first write; every component opened without following links.
+
+    Each use walks from the root one directory at a time (``O_NOFOLLOW`` relative to the
+    parent's descriptor), so a link swapped into ``run/`` after the governor started is refused
+    (``ELOOP``/``ENOTDIR``), never followed out of the root.
+    """
 
     def __init__(self, fs: SysfsRoot) -> None:
-        self.path = fs.resolve(RUN_DIR).path  # PathOutsideRootError when run/ leads elsewhere
-        self._made: list[str] = []
+        self.path = fs.resolve(RUN_DIR).path  # PathOutsideRootError when run/ leads elsewhere at start
+        self._root = str(fs.root)
+        self._parts = RUN_DIR.split("/")
+        self._made: list[int] = []  # how many components of _parts this writer created
 
-    def _open(self) -> int:
-        if not os.path.isdir(self.path):
-            parent = os.path.dirname(self.path)
-            for d in (parent, self.path):
-                if not os.path.isdir(d):
-                    os.mkdir(d, 0o755)
-                    self._made.append(d)
-        return os.open(self.path, _DIR_FLAGS)
+    def _walk(self, *, create: bool) -> int | None:
+        """A descriptor of the directory (the caller closes it); None if missing and not ``create``."""
+        fd = os.open(self._root, _DIR_FLAGS)
+        try:
+            for depth, part in enumerate(self._parts, start=1):
+                try:
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        return None
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    self._made.append(depth)
+                    nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            out, fd = fd, -1
+            return out
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def write(self, name: str, payload: Mapping[str, Any]) -> None:
         data = (json.dumps(payload, sort_keys=True) + "\n").encode()
-        fd = self._open()
+        fd = self._walk(create=True)
+        assert fd is not None
         try:
             tmp = f".{name}.{os.getpid()}.tmp"
             try:
@@ -157,9 +177,9 @@ class _Dir:
             os.close(fd)
 
     def remove(self, name: str) -> None:
-        if not os.path.isdir(self.path):
+        fd = self._walk(create=False)
+        if fd is None:
             return
-        fd = os.open(self.path, _DIR_FLAGS)
         try:
             os.unlink(name, dir_fd=fd)
         except FileNotFoundError:
@@ -169,9 +189,18 @@ class _Dir:
 
     def tidy(self) -> None:
         """Remove the directories this writer made, if they are empty again (a tree as it was)."""
-        for d in reversed(self._made):
+        for depth in sorted(set(self._made), reverse=True):
+            parent = self._parts[: depth - 1]
             try:
-                os.rmdir(d)
+                fd = os.open(self._root, _DIR_FLAGS)
+                try:
+                    for part in parent:
+                        nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                        os.close(fd)
+                        fd = nxt
+                    os.rmdir(self._parts[depth - 1], dir_fd=fd)
+                finally:
+                    os.close(fd)
             except OSError:
                 break
         self._made.clear()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from ._phase import Phase
 
@@ -21,6 +22,8 @@ class PhaseStatistics:
     untunable: bool
     """Too short for any domain's transition latency: nothing to tune."""
     power_bias_w: float
+    clocks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """The clocks its latest occurrence ran at (domain -> Hz, as the governor set them)."""
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,17 @@ class GovernorStatistics:
     """True when permission was missing and the run went on without writing (``strict=False``)."""
     restored: bool
     phases: Mapping[Phase, PhaseStatistics]
+    writes_by_domain: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Frequency writes per domain (0 in dry-run)."""
+    decisions_logged: int = 0
+    """Clock changes decided (each logged on ``hetsched.governor``: at INFO in dry-run)."""
+    elapsed_s: float = 0.0
+    """Port seconds since the governor started (what writes per second are over)."""
+    peak_temp_c: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """The hottest each thermal zone read while governed."""
+
+    def writes_per_domain_per_s(self) -> dict[str, float]:
+        """Writes per domain per second of the run so far (empty before any time passed)."""
+        if self.elapsed_s <= 0:
+            return {}
+        return {d: n / self.elapsed_s for d, n in self.writes_by_domain.items()}
