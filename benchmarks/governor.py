@@ -1,49 +1,52 @@
 """Phase-aware DVFS governor vs kernel and static policies, on the fast simulation of the twins.
 
-For each board (``rk3588``, ``orin-nx``) and workload (a training loop, a sustained
-inference stream with idle gaps), the same work is run from a cool start by every policy,
-each on a fresh :class:`hetsched.SimBoard`:
+For each board (``rk3588``, ``orin-nx``) and workload (a training loop; a 30 fps inference
+stream with idle gaps), the same work is run by every policy, each on a fresh
+:class:`hetsched.SimBoard` that first warms up under that policy (thermal steady state; see
+``_governor_cases``), then is measured over a window of whole iterations:
 
-* ``hetsched``    the phase-aware governor with a profile auto-tuned on the board
-                  (one-off calibration run, saved as JSON and reloaded), thermal guard on;
-* ``performance`` Orin: ``jetson_clocks`` (CPU/GPU/EMC pinned at max, cpuidle deep states
-                  disabled, GPU railgating off); RK3588: the ``performance`` cpufreq/devfreq
-                  governors (clocks at max, gating and cpuidle untouched);
+* ``hetsched``    the phase-aware governor, 4 % slowdown bound, profile auto-tuned on a cool
+                  board (one-off calibration, saved as JSON and reloaded), thermal guard on;
+* ``hetsched_deadline`` (inference) the governor given the frame deadline
+                  (``GovernorConfig.loop_deadline_s`` = 85 % of the period): the judged inference policy;
+* ``performance`` Orin: ``jetson_clocks``; RK3588: the ``performance`` cpufreq/devfreq governors;
 * ``powersave``   every domain at its lowest clock;
-* ``kernel``      the vendor's kernel DVFS (dvfs.md §5 baseline 1): ``schedutil`` on the CPUs,
-                  the board's devfreq/EMC governors (RK3588 Mali ``simple_ondemand`` 30/10,
-                  ``rknpu_ondemand``, ``dmc_ondemand``; Orin ``nvhost_podgov`` + BPMP EMC);
-* ``best_static`` the single operating point with the least energy within the slowdown bound,
-                  found by a coordinate-descent sweep of whole iterations;
-* ``oracle``      static per-phase points (the tuned profile's, switch costs charged), no guard;
-* ``hetsched_deadline`` (inference only, for information, not in the summary): the governor
-                  given the frame's deadline (``GovernorConfig.loop_deadline_s`` = 85 % of the
-                  period) instead of the 4 % slowdown bound: what a camera pipeline that only
-                  needs each frame done in time saves; its frames are slower by design.
+* ``kernel``      the vendor's kernel DVFS (``schedutil`` + the board's devfreq/EMC governors);
+* ``best_static`` the single operating point with the least energy within the judged bound,
+                  from an exhaustive measured grid (GRID_POINTS: 1024 points quick, 4096 full,
+                  levels thinned evenly), then verified in full runs: the first candidate whose
+                  own warmed-up run is within 1.05 x performance's busy time (inference: no
+                  extra missed frame) and never throttles (after a candidate throttles, those
+                  drawing at least its mean power are skipped). None found: the case is listed
+                  in ``best_static_missing`` and left out of ``train_energy_vs_best_static``;
+* ``oracle``      static per-phase points (the tuned profile's), no guard.
 
-Energy is the board input (VDD_IN / modelled board total) over the whole run, idle gaps
-included; ``busy_s`` is the time the work itself took (for the frame-paced inference stream
-the run's length is fixed by the frame rate, so busy time is what a policy slows down, and
-``miss`` counts frames that overran their period); EDP = energy x busy time; peak
-temperature and throttle events are the twin's (noise-free).
-Prints a table, then one JSON line with the summary fields (worst case over boards and
-workloads; per case in ``cases``, with ``deadline_misses`` and ``energy_vs_oracle``).
+Power caps (10 W and 15 W on Orin NX, 5 W on RK3588; training and the frame pipeline run back
+to back): the governor with ``power_budget_w`` against ``best_static@cap``, the fastest grid
+point every phase of which stays under the cap, verified by a metered full run without a cap
+violation. The rail (board input) is sampled every 2 ms; a violation is an episode above the
+cap longer than the board's slowest DVFS transition.
 
-What the twin says (closing notes): the frame-paced 30 fps inference stream keeps both
-boards below their trips even under ``performance`` at 45 C (~64-66 C peak), so only the
-training loops are hot enough for ``performance`` to throttle; the summary's
-``performance_throttle_events`` (the minimum over cases) is then 0. The energy targets
-are bounded by what the bound leaves: within 4-5 % slowdown the per-phase static oracle
-itself reaches only ~0.80-0.89 of ``performance``'s energy (board static power, leakage,
-and time growing ~1/f in the compute-bound phases), and in the inference frame the slow
-domains (Jetson GPU 5 ms, EMC 8 ms; RK3588 DMC 5 ms) cannot switch inside a phase, so the
-phase-aware governor can only match the best static point there. ``benchmarks/governor_frontier.py``
-searches wider (a joint Lagrangian sweep of per-phase points, an idle-gap drop of the slow
-domains) and finds no per-phase static policy below ~0.80-0.88 within the bound. Given the
-frame's deadline instead (``hetsched_deadline``), the governor reaches ~0.70-0.73 with no
-extra missed frame: for a camera stream it is the deadline, not 4 %, that bounds the savings.
+Hot case: 45 C ambient and a warm-up to thermal steady state: ``performance`` then throttles in
+every training case (``performance_throttled_s_min`` > 0); from a cool start it did not within
+the window, which is what made ``performance_throttle_events`` 0 before.
 
-Run: ``python benchmarks/governor.py [--quick]``.
+Energy is the board input (VDD_IN / modelled board total) over the window, idle gaps
+included; ``busy_s`` is the time the work took (for the frame-paced stream the window length is
+fixed by the frame rate); ``miss`` counts frames that overran their period. Prints the table per
+board and workload, the targets with pass/fail, then one JSON line (worst case over boards;
+per case in ``cases`` and ``capped``). ``benchmarks/governor_frontier.py`` gives the measured
+exhaustive frontier behind each target.
+
+Reading the targets (the figures come from a run and go stale; see the JSON): at steady state
+`performance` throttles in training and runs at its trip, so a point a few percent slower but
+cooler can be *faster* than it; the frame-paced cases never throttle. A cap the board's top
+point already respects (Orin NX inference at 15 W) leaves nothing to gain over the best static
+point (ratio <= 1 by construction). Where a target is missed, ``governor_frontier.py`` runs the
+same grid's best static and per-phase schedules in full and reports the best any of them
+reaches: the distance to the target that no clock policy on this grid closes.
+
+Run: ``python benchmarks/governor.py [--quick] [--only rk3588:train] [--no-caps]``.
 """
 
 from __future__ import annotations
@@ -55,433 +58,321 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from hetsched import (
-    Governor,
-    GovernorConfig,
-    GovernorProfile,
-    Measurement,
-    OperatingPoint,
-    Phase,
-    PhaseWork,
-    SimBoard,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _governor_cases as gc  # noqa: E402
+
+from hetsched import GovernorConfig, GovernorProfile, HetschedError, OperatingPoint  # noqa: E402
+
+# Targets: (field, comparison, bound). The issue's; the 5 % bound is on busy time vs performance.
+TARGETS: tuple[tuple[str, str, float], ...] = (
+    ("train_energy_vs_performance", "<=", 0.85),
+    ("train_energy_vs_best_static", "<=", 0.95),
+    ("slowdown_vs_performance", "<=", 1.05),
+    ("throttle_events", "<=", 0),
+    ("performance_throttled_s_min", ">", 0),
+    ("infer_energy_vs_performance", "<=", 0.72),
+    ("infer_energy_vs_kernel", "<=", 0.95),
+    ("infer_extra_deadline_misses", "<=", 0),
+    ("capped_throughput_vs_best_static", ">=", 1.05),
+    ("cap_violations", "<=", 0),
 )
-from hetsched.lowlevel import AxisTuner
-
-M = 1e6
-G = 1e9
-TICK_S = 0.05  # the governor's telemetry period in the simulation
-SLOWDOWN = 0.04  # the bound given to the governor (the target is 5 %); the 1 % is for model error
-
-Step = tuple[Phase, PhaseWork]
 
 
-# ---------------------------------------------------------------------------------- workloads
-#
-# Training: a small CNN trained on the GPU; DataLoader workers decode/augment the next batch
-# on the CPU clusters *concurrently* with the GPU step (PyTorch's default pipelining: the
-# workers need roughly half to two thirds of the GPU step's time, so they keep ahead), and the
-# main thread keeps a big core busy. DATA is the part of the batch preparation the GPU has to
-# wait for (CPU-bound). FORWARD is GPU-bound, BACKWARD memory-bound (about 3.5x the forward's
-# DRAM traffic), OPTIMIZER_STEP a short memory-bound update plus host sync. Training runs
-# back to back: no idle gaps.
-#
-# Inference: one 30 fps camera (a frame every 33.3 ms, the common camera rate), each frame
-# preprocessed on the big cores (letterbox/normalise of a 1080p frame, ~2-3 ms), run through
-# a detector, postprocessed (NMS, ~1 ms), then the board waits for the next frame: the gap is
-# whatever is left of the frame period (none if a frame runs late; counted as a deadline
-# miss). The detector is sized from the reference's figures, not to make any policy look good:
-#   * RK3588: the seeds-digest §B split of one detector frame: NPU 68 % of the work (8.2 ms),
-#     Mali GPU 20 % (11.7 ms, in parallel), big cores 12 %: ~12 ms at the top clocks;
-#   * Orin NX: YOLOv5s INT8 at 640x640, i.e. 4x the 320x320 frame the twin is calibrated on
-#     (benchmarks/twin_calibration.py YOLO_FRAME: 2.0e6 GPU cycles, 60 MB DRAM, 0.8 ms fixed):
-#     8e6 GPU cycles and 240 MB per frame, ~9.5 ms at the top clocks.
-# So a frame keeps the board busy for about 40-50 % of the period at the top clocks: the
-# headroom a deployment keeps so that a frame still fits when the clocks are lowered or
-# throttled. The idle half is where baselines differ most: `performance` on Orin
-# (jetson_clocks) keeps the GPU powered and the CPUs out of deep idle through it.
-#
-# Ambient is 45 C: an edge box in a closed enclosure / outdoor cabinet.
-
-AMBIENT_C = 45.0
-FRAME_PERIOD_S = 1.0 / 30.0
-DEADLINE_SHARE = 0.85  # hetsched_deadline: a frame's work may take this share of the period
+# (warm-up s, measured window s) per kind of run. The heatsinks' time constant is ~100 s: 2.4-3
+# of them bring a training board within a few degrees of steady state (so that `performance`
+# throttles in the window). The frame-paced stream heats far less (its peak stays well under the
+# trips) and is the slowest to simulate (a governor decision per frame), so it warms up for less.
+# Capped runs are metered at SAMPLE_S; quick mode keeps their warm-ups short (smoke test only).
+WINDOWS = {
+    True: {"train": (240.0, 120.0), "infer": (30.0, 60.0), "cap-train": (30.0, 40.0), "cap-infer": (20.0, 15.0)},
+    False: {"train": (300.0, 600.0), "infer": (60.0, 300.0), "cap-train": (120.0, 180.0), "cap-infer": (60.0, 60.0)},
+}
+# Points per exhaustive static grid (levels thinned evenly to fit; see _governor_cases.grid_levels).
+GRID_POINTS = {True: 1024, False: 4096}
 
 
-def workloads(soc: str) -> dict[str, tuple[list[Step], float | None]]:
-    """Per workload: the phases of one iteration, and the frame period (None: back to back)."""
-    if soc == "rk3588":
-        train = [
-            (Phase.DATA, PhaseWork({"cluster0": 50 * M, "cluster4": 70 * M, "cluster6": 70 * M}, 0.3 * G, overlap=0.9)),
-            (Phase.FORWARD, PhaseWork({"gpu": 90 * M, "cluster0": 70 * M, "cluster4": 110 * M, "cluster6": 110 * M}, 1.2 * G, overlap=0.85)),
-            (Phase.BACKWARD, PhaseWork({"gpu": 110 * M, "cluster0": 120 * M, "cluster4": 200 * M, "cluster6": 200 * M}, 4.2 * G, overlap=0.85)),
-            (Phase.OPTIMIZER_STEP, PhaseWork({"gpu": 6 * M, "cluster4": 10 * M}, 0.5 * G, fixed_s=0.008, overlap=0.9)),
-        ]
-        infer = [
-            (Phase.PREPROCESS, PhaseWork({"cluster4": 5 * M, "cluster6": 5 * M}, 0.03 * G, overlap=0.9)),
-            (Phase.INFER, PhaseWork({"npu": 8.2 * M, "gpu": 11.7 * M, "cluster4": 4 * M, "cluster6": 4 * M}, 0.15 * G, fixed_s=0.0005, overlap=0.9)),
-            (Phase.POSTPROCESS, PhaseWork({"cluster4": 2 * M}, 0.005 * G, overlap=0.9)),
-        ]
-    else:
-        train = [
-            (Phase.DATA, PhaseWork({"cluster0": 50 * M, "cluster4": 50 * M}, 0.3 * G, overlap=0.9)),
-            (Phase.FORWARD, PhaseWork({"gpu": 75 * M, "cluster0": 75 * M, "cluster4": 85 * M}, 3.0 * G, overlap=0.85)),
-            (Phase.BACKWARD, PhaseWork({"gpu": 95 * M, "cluster0": 140 * M, "cluster4": 160 * M}, 11.0 * G, overlap=0.85)),
-            (Phase.OPTIMIZER_STEP, PhaseWork({"gpu": 5 * M, "cluster0": 10 * M}, 1.5 * G, fixed_s=0.006, overlap=0.9)),
-        ]
-        infer = [
-            (Phase.PREPROCESS, PhaseWork({"cluster0": 4 * M}, 0.03 * G, overlap=0.9)),
-            (Phase.INFER, PhaseWork({"gpu": 8 * M, "cluster0": 1.65 * M}, 0.24 * G, fixed_s=0.0008, overlap=1.0)),
-            (Phase.POSTPROCESS, PhaseWork({"cluster0": 2 * M}, 0.005 * G, overlap=0.9)),
-        ]
-    return {"train": (train, None), "infer": (infer, FRAME_PERIOD_S)}
+def verified(candidates: Sequence[OperatingPoint], accept: Callable[[gc.Result], bool], run: Callable[[gc.Policy], gc.Result],
+             tries: int = 4) -> tuple[OperatingPoint | None, gc.Result | None, int]:
+    """Run ``candidates`` in order (full warm-up + window) until one is accepted; returns it, its
+    result and the number of runs (None, None when none of the first ``tries`` passes)."""
+    for k, pt in enumerate(candidates[:tries]):
+        r = run(gc.Static("best_static", pt))
+        if accept(r):
+            return pt, r, k + 1
+    return None, None, min(tries, len(candidates))
 
 
-# ---------------------------------------------------------------------------------- policies
+def best_static(soc: str, steps: Sequence[gc.Step], period: float | None, perf: gc.Result, grid: Sequence[gc.GridPoint],
+                *, iterations: int, ambient_c: float, warmup_s: float, limit_s: float | None = None,
+                tries: int = 8) -> tuple[OperatingPoint | None, gc.Result | None, int]:
+    """The least-energy grid point within the bound, verified at steady state: its own run is
+    within ``gc.BOUND`` x performance's busy time (or ``limit_s`` per iteration: a frame deadline),
+    misses no more frames and never throttles.
 
-
-class Policy:
-    name = "?"
-
-    def setup(self, board: SimBoard) -> None:
-        pass
-
-    def on_phase(self, board: SimBoard, phase: Phase) -> None:
-        pass
-
-    on_tick: Callable[[SimBoard], None] | None = None
-
-    def finish(self, board: SimBoard) -> None:
-        pass
-
-    def idle(self, board: SimBoard, seconds: float) -> float:
-        return board.idle(seconds, tick_s=TICK_S, on_tick=self.on_tick)
-
-
-class KernelGovernors(Policy):
-    def __init__(self, name: str, cpu: str, dev: str) -> None:
-        self.name, self.cpu, self.dev = name, cpu, dev
-
-    def setup(self, board: SimBoard) -> None:
-        for name, info in board.domains().items():
-            want = self.cpu if info.kind == "cpu" else self.dev
-            try:
-                board.set_governor(name, want)
-            except Exception:  # noqa: BLE001 - a governor the domain does not offer: keep the board's
-                if want in ("performance", "powersave"):
-                    hz = info.available_hz[-1] if want == "performance" else board.limits(name)[0]
-                    board.set_frequency(name, hz)
-
-
-class JetsonClocks(Policy):
-    """``jetson_clocks`` (soc-sysfs.md §2.6): max copied into min for the CPUs, GPU and EMC (so
-    every clock sits at its top), cpuidle's deep states disabled and ``railgate_enable=0``:
-    an idle GPU stays powered and idle cores wait in WFI."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def setup(self, board: SimBoard) -> None:
-        for name, info in board.domains().items():
-            board.set_frequency(name, info.available_hz[-1])
-            if board.power_gating(name):
-                board.set_power_gating(name, False)
-        board.set_cpuidle(False)
-
-
-def performance_policy(soc: str) -> Policy:
-    """The `performance` baseline as each board's users get it: ``jetson_clocks`` on a Jetson;
-    on the RK3588 the cpufreq/devfreq ``performance`` governors (clocks at max, power gating and
-    cpuidle left as they are)."""
-    if SimBoard(soc, settle=False).profile.family == "tegra":
-        return JetsonClocks("performance")
-    return KernelGovernors("performance", "performance", "performance")
-
-
-class VendorDefault(Policy):
-    """The kernel's own DVFS as the vendor ships it (dvfs.md §1 and §5, baseline 1): ``schedutil``
-    on the CPUs; the devfreq/EMC domains keep the board's governors (RK3588: Mali
-    ``simple_ondemand`` 30/10, ``rknpu_ondemand``, ``dmc_ondemand``; Orin: ``nvhost_podgov`` and
-    the BPMP's EMC scaling)."""
-
-    name = "kernel"
-
-    def setup(self, board: SimBoard) -> None:
-        for name, info in board.domains().items():
-            if info.kind == "cpu":
-                board.set_governor(name, "schedutil")
-
-
-class Static(Policy):
-    def __init__(self, name: str, point: OperatingPoint) -> None:
-        self.name, self.point = name, point
-
-    def setup(self, board: SimBoard) -> None:
-        for d, hz in self.point.items():
-            board.set_frequency(d, hz)
-
-
-class PerPhaseStatic(Policy):
-    def __init__(self, name: str, points: dict[Phase, OperatingPoint]) -> None:
-        self.name, self.points = name, points
-
-    def setup(self, board: SimBoard) -> None:
-        self.cur = {d: board.frequency(d) for d in board.domains()}
-
-    def on_phase(self, board: SimBoard, phase: Phase) -> None:
-        pt = self.points.get(phase)
-        if pt is None:
-            return
-        for d, hz in pt.items():
-            if self.cur.get(d) != hz:
-                self.cur[d] = board.set_frequency(d, hz)
-
-
-class Hetsched(Policy):
-    name = "hetsched"
-
-    def __init__(self, profile: GovernorProfile | None, config: GovernorConfig, autotune: bool = False,
-                 name: str = "hetsched") -> None:
-        self.profile, self.config, self.autotune = profile, config, autotune
-        self.name = name
-        self.gov: Governor | None = None
-
-    def setup(self, board: SimBoard) -> None:
-        self.gov = Governor.simulated(board, profile=self.profile, config=self.config, autotune=self.autotune)
-        self.gov.__enter__()
-        gov = self.gov
-        self.on_tick = lambda b: gov.tick()
-
-    def on_phase(self, board: SimBoard, phase: Phase) -> None:
-        assert self.gov is not None
-        self.gov.on_phase(phase)
-
-    def finish(self, board: SimBoard) -> None:
-        assert self.gov is not None
-        self.gov.__exit__(None, None, None)
-
-
-# ---------------------------------------------------------------------------------- running
-
-
-@dataclass
-class Result:
-    policy: str
-    energy_j: float
-    time_s: float
-    busy_s: float
-    peak_c: float
-    throttle_events: int
-    throttled_s: float
-    misses: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def edp(self) -> float:
-        return self.energy_j * self.busy_s
-
-
-def run_work(
-    board: SimBoard,
-    steps: Sequence[Step],
-    period: float | None,
-    policy: Policy,
-    iterations: int,
-) -> tuple[float, float, int]:
-    """Run ``iterations`` of the workload; returns (busy seconds, idle seconds, deadline misses).
-
-    With a frame ``period``, each iteration is one frame: the board idles for what is left of
-    the period; a frame that takes longer is a deadline miss and the next starts at once.
-    """
-    busy = idle = 0.0
-    misses = 0
-    tick = policy.on_tick
-    for _ in range(iterations):
-        frame = 0.0
-        for phase, work in steps:
-            policy.on_phase(board, phase)
-            frame += board.execute(work, tick_s=TICK_S, on_tick=tick)
-        busy += frame
-        if period is not None:
-            gap = period - frame
-            if gap > 1e-9:
-                policy.on_phase(board, Phase.IDLE)
-                idle += policy.idle(board, gap)
-            else:
-                misses += 1
-    return busy, idle, misses
-
-
-def evaluate(soc: str, steps: Sequence[Step], period: float | None, policy: Policy, iterations: int) -> Result:
-    board = SimBoard(soc, ambient_c=AMBIENT_C, seed=1)
-    e0 = board.statistics().energy_j
-    t0 = board.time_s
-    policy.setup(board)
-    try:
-        busy, _idle, misses = run_work(board, steps, period, policy, iterations)
-    finally:
-        policy.finish(board)
-    st = board.statistics()
-    res = Result(
-        policy.name, st.energy_j - e0, board.time_s - t0, busy, st.peak_temp_c, st.throttle_events,
-        st.throttled_time_s, misses,
-    )
-    if isinstance(policy, Hetsched) and policy.gov is not None:
-        gs = policy.gov.statistics()
-        res.extra = {"writes": gs.writes, "capped_decisions": gs.capped_decisions, "locked": list(gs.locked_domains)}
-    return res
-
-
-def tune_profile(
-    soc: str, steps: Sequence[Step], period: float | None, config: GovernorConfig, workload: str
-) -> tuple[GovernorProfile, float]:
-    """The one-off calibration: the governor auto-tunes online on a fresh board."""
-    board = SimBoard(soc, ambient_c=AMBIENT_C, seed=2)
-    pol = Hetsched(None, config, autotune=True)
-    pol.setup(board)
-    assert pol.gov is not None
-    for _ in range(200):
-        run_work(board, steps, period, pol, 10)
-        if pol.gov.engine.tuning_done:
+    Candidates go in order of measured energy; once one throttles, candidates drawing at least
+    its mean power are skipped (steady-state temperature rises with mean power)."""
+    limit = gc.BOUND * perf.busy_s / perf.iterations if limit_s is None else limit_s
+    within = sorted((g for g in grid if g.busy_s <= limit), key=lambda g: g.energy_j)
+    hot_w = math.inf
+    runs = 0
+    for g in within:
+        mean_w = g.energy_j / g.busy_s if period is None else g.energy_j / period
+        if mean_w >= hot_w:
+            continue
+        if runs == tries:
             break
-    prof = pol.gov.profile()
-    pol.finish(board)
-    return GovernorProfile(prof.board, workload, prof.slowdown, prof.phases), board.time_s
+        r = gc.evaluate(soc, steps, period, gc.Static("best_static", g.point), iterations,
+                        ambient_c=ambient_c, warmup_s=warmup_s)
+        runs += 1
+        if r.throttle_events or r.throttled_s:
+            hot_w = mean_w
+        elif r.busy_s <= limit * iterations * (1 + 1e-9) and r.misses <= perf.misses:
+            return g.point, r, runs
+    return None, None, runs
 
 
-def sweep_static(soc: str, steps: Sequence[Step], period: float | None, slowdown: float) -> tuple[OperatingPoint, float]:
-    """Best single operating point: coordinate descent over domains, measuring whole iterations."""
-    board = SimBoard(soc, ambient_c=AMBIENT_C, seed=3)
-    specs = Governor.simulated(board).engine.domains
-    tuner = AxisTuner(specs, list(specs), slowdown=slowdown, levels=6, passes=2, repeats=1)
-    pol = Policy()
-    while (pt := tuner.propose()) is not None:
-        for d, hz in pt.items():
-            board.set_frequency(d, hz)
-        e0 = board.statistics().energy_j
-        busy, _idle, _misses = run_work(board, steps, period, pol, 6)
-        energy = board.statistics().energy_j - e0
-        # Energy per iteration including the idle gaps; time = busy time (what the bound is on).
-        tuner.record(pt, Measurement(busy / 6, energy / busy))
-    model = tuner.model()
-    assert model is not None and model.best is not None
-    return model.best, board.time_s
+def best_static_capped(soc: str, steps: Sequence[gc.Step], cap_w: float, grid: Sequence[gc.GridPoint], *,
+                       iterations: int, ambient_c: float, warmup_s: float
+                       ) -> tuple[OperatingPoint | None, gc.Result | None, int, int]:
+    """The fastest grid point every phase of which stays under ``cap_w``, verified by a metered run
+    with no cap violation; also returns how many grid points fit."""
+    fits = sorted((g for g in grid if g.max_phase_w <= cap_w), key=lambda g: g.busy_s)
+    pt, res, runs = verified([g.point for g in fits], lambda r: r.cap_violations == 0,
+                             lambda p: gc.evaluate(soc, steps, None, p, iterations, ambient_c=ambient_c,
+                                                   warmup_s=warmup_s, cap_w=cap_w))
+    return pt, res, runs, len(fits)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    global AMBIENT_C
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 simulated minutes instead of 10 (smoke test)")
-    ap.add_argument("--profiles", type=Path, default=None, help="keep the tuned profiles in this directory")
-    ap.add_argument("--only", default=None, help="run one case, e.g. rk3588:infer")
-    ap.add_argument("--ambient", type=float, default=None, help="ambient temperature in C (default: AMBIENT_C)")
-    args = ap.parse_args(argv)
-    if args.ambient is not None:
-        AMBIENT_C = args.ambient
-    horizon_s = 120.0 if args.quick else 600.0
-    wall0 = time.perf_counter()
-    config = GovernorConfig(slowdown=SLOWDOWN)
-    rows: list[tuple[str, str, Result]] = []
-    summary_rows = []
-    outdir = args.profiles or Path(tempfile.mkdtemp(prefix="hetsched-governor-"))
-    outdir.mkdir(parents=True, exist_ok=True)
-    for soc in ("rk3588", "orin-nx"):
-        for wname, (steps, period) in workloads(soc).items():
-            if args.only and args.only != f"{soc}:{wname}":
-                continue
-            # Iterations: enough for performance to run >= the horizon from a cool start.
-            probe = SimBoard(soc, ambient_c=AMBIENT_C, seed=1)
-            perf_pol = performance_policy(soc)
-            perf_pol.setup(probe)
-            busy, idle, _ = run_work(probe, steps, period, perf_pol, 50)
-            iterations = math.ceil(horizon_s / ((busy + idle) / 50))
+def run_case(soc: str, wname: str, quick: bool, outdir: Path) -> tuple[dict[str, Any], list[gc.Result]]:
+    steps, period = gc.workloads(soc)[wname]
+    ambient = gc.AMBIENT_C
+    warmup, horizon = WINDOWS[quick][wname]
+    iterations = math.ceil(horizon / gc.iteration_s(soc, steps, period, ambient))
+    config = GovernorConfig(slowdown=gc.SLOWDOWN)
+    kw: dict[str, Any] = {"ambient_c": ambient, "warmup_s": warmup}
 
-            profile, tune_s = tune_profile(soc, steps, period, config, f"{soc}-{wname}")
-            path = outdir / f"{soc}-{wname}.json"
-            profile.save(path)
-            profile = GovernorProfile.load(path, board=profile.board)
-            static_pt, sweep_s = sweep_static(soc, steps, period, SLOWDOWN)
-            oracle_pts = {p: m.best for p, m in profile.phases.items() if m.best is not None}
+    wall: dict[str, float] = {}
+    t0 = time.perf_counter()
+    profile, tune_s = gc.tune_profile(soc, steps, period, config, f"{soc}-{wname}", ambient_c=ambient)
+    wall["tune"] = time.perf_counter() - t0
+    path = outdir / f"{soc}-{wname}.json"
+    profile.save(path)
+    profile = GovernorProfile.load(path, board=profile.board)
+    oracle_pts = {p: m.best for p, m in profile.phases.items() if m.best is not None}
+    policies: list[gc.Policy] = [
+        gc.performance_policy(soc),
+        gc.Hetsched(profile, config),
+        gc.KernelGovernors("powersave", "powersave", "powersave"),
+        gc.VendorDefault(),
+        gc.PerPhaseStatic("oracle", oracle_pts),
+    ]
+    if period is not None:
+        dl_config = GovernorConfig(slowdown=gc.SLOWDOWN, loop_deadline_s=gc.DEADLINE_SHARE * period)
+        dl_profile, _ = gc.tune_profile(soc, steps, period, dl_config, f"{soc}-{wname}-deadline", ambient_c=ambient)
+        policies.append(gc.Hetsched(dl_profile, dl_config, name="hetsched_deadline"))
+    results = {}
+    for p in policies:
+        t0 = time.perf_counter()
+        results[p.name] = gc.evaluate(soc, steps, period, p, iterations, **kw)
+        wall[p.name] = time.perf_counter() - t0
+    perf = results["performance"]
+    t0 = time.perf_counter()
+    grid, levels = gc.measure_grid(soc, steps, period, max_points=GRID_POINTS[quick], **kw)
+    pt, best, runs = best_static(soc, steps, period, perf, grid, iterations=iterations, **kw)
+    binfo = {"grid_points": len(grid), "grid_levels": {d: len(v) for d, v in levels.items()},
+             "verify_runs": runs, "point_mhz": None if pt is None else {d: pt[d] // 1_000_000 for d in pt}}
+    wall["best_static"] = time.perf_counter() - t0
+    if best is not None:
+        results["best_static"] = best
+    h, kern = results["hetsched"], results["kernel"]
+    row: dict[str, Any] = {
+        "soc": soc, "workload": wname, "ambient_c": ambient, "warmup_s": warmup, "iterations": iterations,
+        "tuning_sim_s": round(tune_s, 1), "best_static": binfo,
+        "energy_vs_performance": h.energy_j / perf.energy_j,
+        "energy_vs_best_static": None if best is None else h.energy_j / best.energy_j,
+        "slowdown_vs_performance": h.busy_s / perf.busy_s,
+        "throttle_events": h.throttle_events,
+        "throttled_s": h.throttled_s,
+        "performance_throttle_events": perf.throttle_events,
+        "performance_throttled_s": perf.throttled_s,
+        "best_static_throttle_events": None if best is None else best.throttle_events,
+        "deadline_misses": h.misses,
+        "energy_vs_oracle": h.energy_j / results["oracle"].energy_j,
+        "hetsched_writes": h.extra.get("writes"),
+        "wall_s": {k: round(v, 1) for k, v in wall.items()},
+    }
+    dl = results.get("hetsched_deadline")
+    if dl is not None:
+        row.update({
+            "infer_energy_vs_performance": dl.energy_j / perf.energy_j,
+            "infer_energy_vs_kernel": dl.energy_j / kern.energy_j,
+            "infer_extra_deadline_misses": dl.misses - perf.misses,
+            "hetsched_deadline_busy_vs_performance": dl.busy_s / perf.busy_s,
+            "hetsched_deadline_throttle_events": dl.throttle_events,
+            "kernel_energy_vs_performance": kern.energy_j / perf.energy_j,
+        })
+    return row, list(results.values())
 
-            policies: list[Policy] = [
-                Hetsched(profile, config),
-                performance_policy(soc),
-                KernelGovernors("powersave", "powersave", "powersave"),
-                VendorDefault(),
-                Static("best_static", static_pt),
-                PerPhaseStatic("oracle", oracle_pts),
-            ]
-            deadline: Result | None = None
-            if period is not None:
-                # For information, outside the summary: the same governor told the frame's
-                # deadline (85 % of the period) instead of the 4 % slowdown bound.
-                dl_config = GovernorConfig(slowdown=SLOWDOWN, loop_deadline_s=DEADLINE_SHARE * period)
-                dl_profile, _ = tune_profile(soc, steps, period, dl_config, f"{soc}-{wname}-deadline")
-                policies.append(Hetsched(dl_profile, dl_config, name="hetsched_deadline"))
-            results = {p.name: evaluate(soc, steps, period, p, iterations) for p in policies}
-            deadline = results.get("hetsched_deadline")
-            for r in results.values():
-                rows.append((soc, wname, r))
-            h, perf, best = results["hetsched"], results["performance"], results["best_static"]
-            summary_rows.append(
-                {
-                    "soc": soc,
-                    "workload": wname,
-                    "iterations": iterations,
-                    "tuning_sim_s": round(tune_s, 1),
-                    "static_sweep_sim_s": round(sweep_s, 1),
-                    "energy_vs_performance": h.energy_j / perf.energy_j,
-                    "energy_vs_best_static": h.energy_j / best.energy_j,
-                    "slowdown_vs_performance": h.busy_s / perf.busy_s,
-                    "throttle_events": h.throttle_events,
-                    "performance_throttle_events": perf.throttle_events,
-                    "deadline_misses": h.misses,
-                    "energy_vs_oracle": h.energy_j / results["oracle"].energy_j,
-                    **({} if deadline is None else {
-                        "hetsched_deadline_energy_vs_performance": deadline.energy_j / perf.energy_j,
-                        "hetsched_deadline_busy_vs_performance": deadline.busy_s / perf.busy_s,
-                        "hetsched_deadline_misses": deadline.misses,
-                        "hetsched_deadline_throttle_events": deadline.throttle_events,
-                    }),
-                }
-            )
 
-    hdr = (
-        f"{'soc':8} {'workload':8} {'policy':17} {'energy_J':>9} {'time_s':>8} {'busy_s':>8} {'EDP_Js':>10} "
-        f"{'E/perf':>7} {'t/perf':>7} {'peak_C':>7} {'throt':>6} {'throt_s':>8} {'miss':>6}"
-    )
+def run_capped(soc: str, wname: str, cap: float, quick: bool, grid: list[gc.GridPoint] | None
+               ) -> tuple[dict[str, Any], list[gc.Result], list[gc.GridPoint]]:
+    """One power-capped case; the frame pipeline runs back to back (throughput is the measure)."""
+    steps, _ = gc.workloads(soc)[wname]
+    ambient = gc.AMBIENT_C
+    warmup, horizon = WINDOWS[quick][f"cap-{wname}"]
+    iterations = math.ceil(horizon / gc.iteration_s(soc, steps, None, ambient))
+    kw: dict[str, Any] = {"ambient_c": ambient, "warmup_s": warmup, "cap_w": cap}
+    row: dict[str, Any] = {"soc": soc, "workload": wname, "cap_w": cap, "iterations": iterations}
+    t0 = time.perf_counter()
+    out: list[gc.Result] = []
+    config = GovernorConfig(slowdown=gc.SLOWDOWN, power_budget_w=cap)
+    try:
+        profile, _ = gc.tune_profile(soc, steps, None, config, f"{soc}-{wname}-{cap:g}W", ambient_c=ambient)
+        h: gc.Result | None = gc.evaluate(soc, steps, None, gc.Hetsched(profile, config), iterations, **kw)
+    except HetschedError as exc:  # the governor refused the budget: reported, not hidden
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        h = None
+    t1 = time.perf_counter()
+    if grid is None:
+        grid, _ = gc.measure_grid(soc, steps, None, ambient_c=ambient, warmup_s=warmup, max_points=GRID_POINTS[quick])
+    pt, best, runs, fits = best_static_capped(soc, steps, cap, grid, iterations=iterations,
+                                                 ambient_c=ambient, warmup_s=warmup)
+    if best is not None:
+        best.policy = f"best_static@{cap:g}W"
+        out.append(best)
+    if h is not None:
+        h.policy = f"hetsched@{cap:g}W"
+        out.insert(0, h)
+    # A refused budget did no work under the cap: its ratio is 0, not left out of the worst case.
+    row.update({
+        "capped_throughput_vs_best_static": None if best is None else (0.0 if h is None else h.throughput / best.throughput),
+        "cap_violations": None if h is None else h.cap_violations,
+        "over_cap_s": None if h is None else h.over_cap_s,
+        "max_power_w": None if h is None else h.max_power_w,
+        "hetsched_it_per_s": None if h is None else h.throughput,
+        "hetsched_mean_w": None if h is None else h.energy_j / h.time_s,
+        "best_static_it_per_s": None if best is None else best.throughput,
+        "best_static_mean_w": None if best is None else best.energy_j / best.time_s,
+        "best_static_mhz": None if pt is None else {d: pt[d] // 1_000_000 for d in pt},
+        "best_static_verify_runs": runs,
+        "grid_points_under_cap": fits,
+        "wall_s": {"hetsched": round(t1 - t0, 1), "best_static": round(time.perf_counter() - t1, 1)},
+    })
+    return row, out, grid
+
+
+def worst(rows: Sequence[dict[str, Any]], key: str, fn: Any) -> Any:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return fn(vals) if vals else None
+
+
+def summarise(cases: list[dict[str, Any]], capped: list[dict[str, Any]]) -> dict[str, Any]:
+    train = [c for c in cases if c["workload"] == "train"]
+    infer = [c for c in cases if c["workload"] == "infer"]
+    throttles = [c["throttle_events"] for c in train] + [c["hetsched_deadline_throttle_events"] for c in infer]
+    s: dict[str, Any] = {
+        "train_energy_vs_performance": worst(train, "energy_vs_performance", max),
+        "train_energy_vs_best_static": worst(train, "energy_vs_best_static", max),
+        "slowdown_vs_performance": worst(train, "slowdown_vs_performance", max),
+        "throttle_events": max(throttles) if throttles else None,
+        "performance_throttled_s_min": worst(train, "performance_throttled_s", min),
+        "infer_energy_vs_performance": worst(infer, "infer_energy_vs_performance", max),
+        "infer_energy_vs_kernel": worst(infer, "infer_energy_vs_kernel", max),
+        "infer_extra_deadline_misses": worst(infer, "infer_extra_deadline_misses", max),
+        "capped_throughput_vs_best_static": worst(capped, "capped_throughput_vs_best_static", min),
+        "cap_violations": worst(capped, "cap_violations", max),
+        "capped_refused": sum(1 for c in capped if "error" in c),
+        # Cases where no grid point within the bound ran unthrottled at steady state: no best static.
+        "best_static_missing": [f"{c['soc']}:{c['workload']}" for c in train if c["energy_vs_best_static"] is None],
+    }
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()}
+
+
+def passes(value: Any, op: str, bound: float) -> bool | None:
+    if value is None:
+        return None
+    return bool({"<=": value <= bound, ">=": value >= bound, ">": value > bound}[op])
+
+
+def print_table(rows: list[tuple[str, str, gc.Result]]) -> None:
+    hdr = (f"{'soc':8} {'workload':8} {'policy':19} {'energy_J':>9} {'time_s':>7} {'busy_s':>7} {'EDP_Js':>9} "
+           f"{'E/perf':>6} {'t/perf':>6} {'it/s':>7} {'peak_C':>6} {'throt':>5} {'thr_s':>6} {'miss':>5} "
+           f"{'maxW':>6} {'capviol':>7}")
     print(hdr)
     print("-" * len(hdr))
     perf_of = {(s, w): r for s, w, r in rows if r.policy == "performance"}
     for soc, wname, r in rows:
-        p = perf_of[(soc, wname)]
-        print(
-            f"{soc:8} {wname:8} {r.policy:17} {r.energy_j:9.0f} {r.time_s:8.1f} {r.busy_s:8.1f} {r.edp:10.0f} "
-            f"{r.energy_j / p.energy_j:7.3f} {r.busy_s / p.busy_s:7.3f} {r.peak_c:7.1f} {r.throttle_events:6d} {r.throttled_s:8.1f}"
-            f" {r.misses:6d}"
-        )
+        p = perf_of.get((soc, wname))
+        e_rel = f"{r.energy_j / p.energy_j:6.3f}" if p else f"{'':6}"
+        t_rel = f"{r.busy_s / p.busy_s:6.3f}" if p else f"{'':6}"
+        capped = "@" in r.policy
+        print(f"{soc:8} {wname:8} {r.policy:19} {r.energy_j:9.0f} {r.time_s:7.1f} {r.busy_s:7.1f} {r.edp:9.0f} "
+              f"{e_rel} {t_rel} {r.throughput:7.2f} {r.peak_c:6.1f} {r.throttle_events:5d} {r.throttled_s:6.1f} "
+              f"{r.misses:5d} {(f'{r.max_power_w:6.2f}' if capped else '')!s:>6} "
+              f"{(str(r.cap_violations) if capped else '')!s:>7}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2-minute windows after shorter warm-ups (smoke test)")
+    ap.add_argument("--profiles", type=Path, default=None, help="keep the tuned profiles in this directory")
+    ap.add_argument("--only", default=None, help="run one board:workload, e.g. rk3588:infer (its caps too)")
+    ap.add_argument("--no-caps", action="store_true", help="skip the power-capped cases")
+    args = ap.parse_args(argv)
+    wall0 = time.perf_counter()
+    outdir = args.profiles or Path(tempfile.mkdtemp(prefix="hetsched-governor-"))
+    outdir.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[str, str, gc.Result]] = []
+    cases: list[dict[str, Any]] = []
+    capped: list[dict[str, Any]] = []
+    for soc in ("rk3588", "orin-nx"):
+        for wname in ("train", "infer"):
+            if args.only and args.only != f"{soc}:{wname}":
+                continue
+            row, results = run_case(soc, wname, args.quick, outdir)
+            cases.append(row)
+            rows += [(soc, wname, r) for r in results]
+            if args.no_caps:
+                continue
+            grid: list[gc.GridPoint] | None = None
+            for cap in gc.CAPS_W[soc]:
+                crow, cres, grid = run_capped(soc, wname, cap, args.quick, grid)
+                capped.append(crow)
+                rows += [(soc, wname + ("" if wname == "train" else "-b2b"), r) for r in cres]
+    print_table(rows)
     print()
-    for s in summary_rows:
-        print(
-            f"{s['soc']:8} {s['workload']:8} iterations={s['iterations']} tuning={s['tuning_sim_s']}s(sim, one-off) "
-            f"E/perf={s['energy_vs_performance']:.3f} E/best_static={s['energy_vs_best_static']:.3f} "
-            f"slowdown={s['slowdown_vs_performance']:.3f} throttle={s['throttle_events']} perf_throttle={s['performance_throttle_events']}"
-        )
-    summary = {
-        "energy_vs_performance": round(max(s["energy_vs_performance"] for s in summary_rows), 4),
-        "energy_vs_best_static": round(max(s["energy_vs_best_static"] for s in summary_rows), 4),
-        "slowdown_vs_performance": round(max(s["slowdown_vs_performance"] for s in summary_rows), 4),
-        "throttle_events": max(s["throttle_events"] for s in summary_rows),
-        "performance_throttle_events": min(s["performance_throttle_events"] for s in summary_rows),
-        "simulated_minutes_per_run": horizon_s / 60,
-        "ambient_c": AMBIENT_C,
-        "governor_slowdown_bound": SLOWDOWN,
+    for c in capped:
+        tp = c["capped_throughput_vs_best_static"]
+        print(f"{c['soc']:8} {c['workload']:6} cap {c['cap_w']:4.0f} W: hetsched {c['hetsched_it_per_s']} it/s "
+              f"vs best static {c['best_static_it_per_s']} it/s -> {tp if tp is None else round(tp, 3)}, "
+              f"violations {c['cap_violations']}{'  ' + c['error'] if 'error' in c else ''}")
+    summary = summarise(cases, capped)
+    print()
+    print(f"{'target':34} {'value':>9} {'goal':>8}  result")
+    targets = {}
+    for name, op, bound in TARGETS:
+        v = summary[name]
+        ok = passes(v, op, bound)
+        targets[name] = {"value": v, "target": f"{op} {bound:g}", "pass": ok}
+        print(f"{name:34} {v!s:>9} {op + ' ' + format(bound, 'g'):>8}  {'n/a' if ok is None else 'PASS' if ok else 'FAIL'}")
+
+    def rounded(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+
+    print(json.dumps({
+        **summary,
+        "targets": targets,
+        "governor_slowdown_bound": gc.SLOWDOWN,
+        "judged_bound": gc.BOUND,
+        "ambient_c": gc.AMBIENT_C,
+        "quick": args.quick,
         "wall_s": round(time.perf_counter() - wall0, 1),
-        "cases": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items()} for s in summary_rows],
-    }
-    print(json.dumps(summary))
+        "cases": [rounded(c) for c in cases],
+        "capped": [rounded(c) for c in capped],
+    }))
     return 0
 
 

@@ -28,10 +28,15 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
     "throughput.py": (["--requests", "8", "--rounds", "1"], {"ratio_vs_ort_best", "run_ratio_vs_ort_best", "req_per_s"}),
     "overhead.py": (["--model", "squeezenet", "--also", "", "--requests", "10", "--block", "5", "--warmup", "1"],
                     {"ratio_1_stage", "ratio_4_stages", "by_model"}),
-    "governor.py": (["--quick", "--only", "rk3588:infer"],
-                    {"energy_vs_performance", "energy_vs_best_static", "slowdown_vs_performance", "throttle_events",
-                     "performance_throttle_events", "cases"}),
-    "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"], {"frontier_energy_vs_performance", "cases"}),
+    "governor.py": (["--quick", "--only", "orin-nx:infer"],
+                    {"train_energy_vs_performance", "train_energy_vs_best_static", "slowdown_vs_performance",
+                     "throttle_events", "performance_throttled_s_min", "infer_energy_vs_performance",
+                     "infer_energy_vs_kernel", "infer_extra_deadline_misses", "capped_throughput_vs_best_static",
+                     "cap_violations", "targets", "cases", "capped"}),
+    "governed_session.py": (["--frames", "20", "--boards", "rk3588"], {"summary", "boards", "targets"}),
+    "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"],
+                             {"frontier_energy_vs_performance", "infer_frontier_energy_vs_kernel",
+                              "capped_frontier_throughput_vs_best_static", "cases"}),
     "board_loop.py": (["--requests", "80", "--failover-requests", "200"],
                       {"hot_throughput_ratio", "failover_lost_requests", "failover_recovery_s", "replans",
                        "static_throttle_events", "adaptive_throttle_events", "static_energy_per_request_mj",
@@ -82,5 +87,18 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
         assert result["failover_lost_requests"] == 0  # every request of the stream got its (checked) result
         assert result["replans"] >= 1
     if name == "governor.py":
-        assert [c["soc"] for c in result["cases"]] == ["rk3588"]
-        assert "hetsched_deadline_energy_vs_performance" in result["cases"][0]
+        (case,) = result["cases"]
+        assert (case["soc"], case["workload"]) == ("orin-nx", "infer")
+        assert {"infer_energy_vs_performance", "infer_energy_vs_kernel", "infer_extra_deadline_misses"} <= set(case)
+        # The best static point is verified in its own warmed-up run: found, and it never throttled.
+        assert case["best_static"]["point_mhz"] is not None and case["best_static_throttle_events"] == 0
+        assert [c["cap_w"] for c in result["capped"]] == [10.0, 15.0]
+        for c in result["capped"]:  # each cap: a verified static point under the cap, and a ratio or a refusal
+            assert c["best_static_mhz"] is not None and c["best_static_it_per_s"] > 0
+            assert "error" in c or c["cap_violations"] is not None
+        for target in result["targets"].values():
+            assert set(target) == {"value", "target", "pass"}
+    if name == "governor_frontier.py":
+        (case,) = result["cases"]
+        assert case["runs"] and all(r["energy_vs_performance"] > 0 for r in case["runs"])
+        assert [c["cap_w"] for c in case["capped"]] == [10.0, 15.0]
