@@ -124,7 +124,9 @@ def test_auto_tune_under_a_power_cap_never_measures_over_it() -> None:
          if t(Phase.FORWARD, dict(zip(tune, c, strict=True)))[1] <= cap),
         key=lambda p: t(Phase.FORWARD, p.as_dict())[0],
     )
-    assert t(Phase.FORWARD, model.best.as_dict())[0] <= t(Phase.FORWARD, fastest.as_dict())[0] * 1.03
+    # Points not measured yet are tried only with a margin under the cap (their power is a
+    # bound, not a measurement), so the last few percent of it stay unexplored.
+    assert t(Phase.FORWARD, model.best.as_dict())[0] <= t(Phase.FORWARD, fastest.as_dict())[0] * 1.06
 
 
 def run_training(board: TableBoard, engine: GovernorEngine, iterations: int) -> tuple[float, float]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .._errors import GovernorError
-from ._model import Measurement, PhaseModel, choose
+from ._model import Measurement, Objective, PhaseModel, choose
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
 
@@ -171,6 +171,9 @@ def decide(inp: DecisionInput) -> Decision:
         # next phase can switch back up in time (else idle would slow the next request).
         # Under a budget, an untuned phase has no power prediction yet: lowest is safe.
         lower = free
+        if cfg.power_budget_w is not None and inp.expected_phase_s is None:
+            # Nothing is known yet, not even the phase's length: every domain to the floor.
+            lower = {n: s for n, s in inp.domains.items() if n not in locked}
         if inp.phase is Phase.IDLE and cfg.power_budget_w is None:
             # The next phase starts on the idle clock and runs one transition latency before
             # its own takes effect: allowed only where that costs it at most half the
@@ -185,7 +188,13 @@ def decide(inp: DecisionInput) -> Decision:
         target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
                                     **{d: spec.min_hz for d, spec in lower.items()}})
         reason = "idle: lowest clocks" if inp.phase is Phase.IDLE else "untuned under a power budget: lowest clocks"
-        return Decision(inp.phase, target, _writes(target, current, locked), None, reason)
+        writes = _writes(target, current, locked)
+        if cfg.power_budget_w is not None and inp.phase is not Phase.IDLE:
+            # Written even where the clock already reads lowest: a domain still under its
+            # kernel governor (idle, hence at its lowest when the governor started) is
+            # raised by that governor as soon as work arrives, past the budget.
+            writes = MappingProxyType({d: spec.min_hz for d, spec in lower.items()})
+        return Decision(inp.phase, target, writes, None, reason)
 
     cap = inp.power_cap_w
     model = inp.model
@@ -207,19 +216,37 @@ def decide(inp: DecisionInput) -> Decision:
         reason = "untuned, over the power cap: one step down" if over else "untuned: top clocks"
         return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over)
 
+    if cfg.power_budget_w is not None:
+        # Filling a budget runs at its edge: predict from the point tuning measured.
+        model = model.anchored()
     fixed = {d: current[d] for d in model.center if d not in free and d in current}
     best = model.best
-    if best is not None and not any(d in fixed and fixed[d] != hz for d, hz in best.items()):
-        pred = model.predict(best)
+    if best is not None:
+        # The tuned point, with any domain too slow to switch for this phase left where it
+        # is (the model's cross terms are weakest far from its axes: keep what was measured).
+        best = OperatingPoint.of({d: fixed.get(d, hz) for d, hz in best.items()})
+        budget = cfg.power_budget_w is not None
+        if best == model.best and model.best_measured is not None:
+            pred = model.predict(best)
+            pred = Measurement(pred.seconds, max(pred.power_w, model.best_measured.power_w))
+        else:
+            # Not the point that was measured: under a budget, the higher of the model's
+            # two power terms (a fixed clock's power is spread over a shorter phase).
+            pred = model.predict(best, conservative=budget)
         if cap is None or pred.power_w + inp.power_bias_w <= cap:
             target = _merge(current, best, locked)
             return Decision(inp.phase, target, _writes(target, current, locked), pred, "tuned point")
-    ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w)
-    reason = "least energy within bounds"
+    # A budget is a constraint to fill (the most work within it); a thermal cap alone only
+    # bounds the least-energy point.
+    objective: Objective = "time" if cfg.power_budget_w is not None else "energy"
+    ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w,
+                objective=objective)
+    reason = "fastest within the power budget" if objective == "time" else "least energy within bounds"
     if not ch.within_power and fixed:
         # Safety over hysteresis: free every unlocked domain before giving up on the cap.
         fixed = {d: current[d] for d in model.center if d in locked and d in current}
-        ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w)
+        ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w,
+                    objective=objective)
         reason = "power cap: switching domains hysteresis would have kept"
     if cap is not None and not math.isinf(cap) and best is not None and ch.point != best:
         reason = f"power cap {cap:.2f} W: {reason}"

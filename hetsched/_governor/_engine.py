@@ -168,7 +168,7 @@ class GovernorEngine:
         if self.config.power_budget_w is not None:
             # Under a budget nothing is known to be safe yet but the lowest clocks: take
             # every domain from the kernel governors (which may well run at the top) now.
-            self._apply({n: s.min_hz for n, s in self.domains.items() if self._clocks.current.get(n) != s.min_hz})
+            self._apply({n: s.min_hz for n, s in self.domains.items()})
 
     def _check_budget(self) -> None:
         cap = self.config.budget_cap_w

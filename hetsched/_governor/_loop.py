@@ -1,5 +1,12 @@
 """The loop as a whole: which slow domains its longest phase holds, and how its slowdown is shared.
 
+:func:`allocate_loop` spends the loop's slowdown where it saves the most: a per-phase bound
+(every phase within ``slowdown`` of its own top-clock time) keeps the loop within it too,
+but a compute-bound phase pays dearly for each percent a memory-bound phase gives away
+almost free. With a price on a second of the loop, every phase takes the point with the
+least ``energy + price x time`` (what equal marginal savings per second lost means), and
+the price is the lowest that keeps the loop within its bound.
+
 Pure functions of what the engine has measured so far (each phase's fastest run at the top
 clocks, the loop owner's model); :class:`~hetsched._governor._engine.GovernorEngine` calls
 them when it starts tuning a phase and at every decision.
@@ -10,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from ._decide import GovernorConfig, switchable
-from ._model import PhaseModel
+from ._model import Choice, PhaseModel, choose
 from ._phase import Phase
 from ._points import DomainSpec
 
-__all__ = ["held_domains", "loop_slowdown", "slowdown_share"]
+__all__ = ["allocate_loop", "held_domains", "loop_slowdown", "slowdown_share"]
 
 
 def loop_slowdown(config: GovernorConfig, shortest: Mapping[Phase, float]) -> float:
@@ -82,3 +89,62 @@ def held_domains(
         for name, spec in domains.items()
         if name not in locked and not any(switchable(spec, t, factor) for t in working.values())
     )
+
+
+def allocate_loop(
+    models: Mapping[Phase, PhaseModel],
+    slowdown: float,
+    *,
+    weights: Mapping[Phase, float] | None = None,
+    fixed: Mapping[Phase, Mapping[str, int]] | None = None,
+    iterations: int = 40,
+) -> dict[Phase, Choice]:
+    """Per-phase points minimising the loop's predicted energy with its time within the bound.
+
+    The bound is ``(1 + slowdown)`` x the loop's time at the top clocks: each model's
+    ``reference_s`` (its performance run; the fastest it saw where none), weighted by
+    ``weights`` (occurrences per loop, default 1). The price of a second is found by
+    bisection (``iterations`` steps); at price 0 every phase takes its least-energy point
+    regardless of time, at a high price its fastest. ``fixed``: per phase, domains held
+    (as in :func:`choose`).
+
+    :raises ValueError: a weight that is not positive.
+    """
+    w = {p: (weights or {}).get(p, 1.0) for p in models}
+    bad = [p for p, v in w.items() if not v > 0]
+    if bad:
+        raise ValueError(f"allocate_loop: weights must be positive, got {[(p.value, w[p]) for p in bad]}")
+    ref = sum(w[p] * m.slowdown_reference_s for p, m in models.items())
+    bound = ref * (1.0 + slowdown)
+
+    def at(price: float) -> tuple[dict[Phase, Choice], float]:
+        picks = {
+            p: choose(m, slowdown=slowdown, fixed=(fixed or {}).get(p), objective="price", price_j_per_s=price)
+            for p, m in models.items()
+        }
+        return picks, sum(w[p] * c.predicted.seconds for p, c in picks.items())
+
+    picks, t = at(0.0)
+    if t <= bound:
+        return picks
+    # The loop's energy per second at the top clocks bounds the useful price from above
+    # (paying more for a second than the whole board draws buys nothing); double past it
+    # if the fastest points still miss.
+    hi = max(sum(w[p] * m.at_center.energy_j for p, m in models.items()) / ref, 1e-9)
+    for _ in range(60):
+        fast, t_hi = at(hi)
+        if t_hi <= bound:
+            break
+        hi *= 2.0
+    else:
+        return fast
+    lo = 0.0
+    best = fast
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        cand, t_mid = at(mid)
+        if t_mid <= bound:
+            hi, best = mid, cand
+        else:
+            lo = mid
+    return best

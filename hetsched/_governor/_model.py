@@ -2,32 +2,52 @@
 
 Everything here is pure: plain data in, plain data out.
 
-A :class:`PhaseModel` is what coordinate descent leaves behind: the phase measured at
-a centre operating point, and along each domain's axis (that domain swept, the others
-held at the centre). It predicts any operating point *separably*: the time (and the
-power) at a point is the centre's plus, for each domain, the change its axis showed at
-that domain's frequency. That is exact along the axes and a first-order approximation
-off them, which is why the tuner re-centres and sweeps again, and why the chosen point
-is measured once more before it is trusted.
+A :class:`PhaseModel` is what coordinate descent leaves behind: the phase measured at a
+centre operating point, and along each domain's axis (that domain swept, the others held
+at the centre). Along the axes it is exact; off them it combines the axes with two
+cross terms, because one domain's clock changes how long the others are busy:
+
+* time: the axes' slowdowns add when the domains' work is serial and only the largest
+  counts when it overlaps (a memory-bound phase does not slow down further when its GPU
+  is lowered until the GPU becomes the bottleneck). The predicted time is the centre's
+  plus the speed-ups, plus ``coupling`` x the sum of the slowdowns and
+  ``1 - coupling`` x the largest one;
+* power: a domain's dynamic *energy* per unit of work depends on its own clock, and is
+  spread over however long the phase lasts, while static power and leakage depend on the
+  clocks alone. The prediction is ``energy_share`` x (the axes' energy changes added,
+  time changes beyond them at the centre's power, over the predicted time) plus
+  ``1 - energy_share`` x (the axes' power changes added).
+
+Both shares are fitted (:func:`fit_coupling`) on the measured points off the axes
+(earlier passes' sweeps, the verified choices); without any, the model is separable in
+time and power. The chosen point is measured once more before it is trusted.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Literal
 
 import numpy as np
 
 from .._errors import ProfileError
 from ._points import OperatingPoint
 
-__all__ = ["Choice", "Measurement", "PhaseModel", "choose"]
+__all__ = ["Choice", "Measurement", "Objective", "PhaseModel", "choose", "fit_coupling"]
 
 # Past this many combinations the joint search falls back to greedy descent.
 _MAX_PRODUCT = 250_000
+# Under a time objective, points this close to the fastest feasible one count as equally
+# fast (run-to-run noise is of this order) and the least energy among them wins: a clock
+# that buys no time is not worth its watts.
+TIME_TIE = 0.005
+_GRID = tuple(i / 20 for i in range(21))
+
+Objective = Literal["energy", "time", "price"]
 
 
 @dataclass(frozen=True)
@@ -83,9 +103,32 @@ def _interp(table: Mapping[int, float], hz: int) -> float:
     return table[keys[-1]]  # unreachable: keys are sorted and hz is inside
 
 
+def _combine_arrays(
+    t0: float, p0: float, dts: Sequence[np.ndarray], dps: Sequence[np.ndarray], coupling: float, energy_share: float,
+    conservative: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised prediction from per-domain (dt, dp) deltas (see the module docstring)."""
+    zero = np.zeros_like(dts[0]) if dts else np.zeros(1)
+    neg = sum((np.minimum(d, 0.0) for d in dts), zero)
+    pos_sum = sum((np.maximum(d, 0.0) for d in dts), zero)
+    pos_max = np.maximum.reduce([np.maximum(d, 0.0) for d in dts]) if dts else zero
+    t = np.maximum(t0 + neg + coupling * pos_sum + (1.0 - coupling) * pos_max, 1e-12)
+    p_sep = p0 + sum(dps, zero)
+    e0 = t0 * p0
+    # Each axis's energy change, less what its time change cost at the centre's power ...
+    de = sum(((t0 + dt) * (p0 + dp) - e0 - p0 * dt for dt, dp in zip(dts, dps, strict=True)), zero)
+    # ... plus the centre's power over the predicted change of time.
+    p_en = (e0 + de + p0 * (t - t0)) / t
+    if conservative:
+        p = np.maximum(p_sep, p_en)
+    else:
+        p = (1.0 - energy_share) * p_sep + energy_share * p_en
+    return t, np.maximum(p, 0.0)
+
+
 @dataclass(frozen=True)
 class PhaseModel:
-    """Separable time/power model of one phase (see the module docstring)."""
+    """Time/power model of one phase from coordinate-descent axes (see the module docstring)."""
 
     center: OperatingPoint
     at_center: Measurement
@@ -100,6 +143,10 @@ class PhaseModel:
     """What one unit of work is: ``"phase"`` (one occurrence of the phase) or ``"loop"`` (the
     phase and every working phase until it starts again, with the energy of any IDLE between:
     used when the phase sets slow domains for the whole loop, see ``DecisionInput.held``)."""
+    coupling: float = 1.0
+    """Share of the axes' slowdowns that add up (1: serial work; 0: only the largest counts)."""
+    energy_share: float = 0.0
+    """Share of the power that follows energy spread over time rather than the clocks alone."""
 
     def options(self, domain: str) -> tuple[int, ...]:
         """Frequencies this model can speak for on ``domain`` (ascending)."""
@@ -118,16 +165,43 @@ class PhaseModel:
         p = _interp({f: m.power_w for f, m in axis.items()}, hz) - self.at_center.power_w
         return (t, p)
 
-    def predict(self, point: OperatingPoint) -> Measurement:
-        """Predicted time and power per unit at ``point`` (domains the point lacks stay at the centre)."""
-        t = self.at_center.seconds
-        p = self.at_center.power_w
+    def predict(self, point: OperatingPoint, *, conservative: bool = False) -> Measurement:
+        """Predicted time and power per unit at ``point`` (domains the point lacks stay at the centre).
+
+        ``conservative``: the higher of the two power models (for a point about to run
+        under a power cap before the shares are known).
+        """
+        dts: list[np.ndarray] = []
+        dps: list[np.ndarray] = []
         for name, hz in point.items():
             if name in self.center:
                 dt, dp = self.deltas(name, hz)
-                t += dt
-                p += dp
-        return Measurement(max(t, 1e-12), max(p, 0.0))
+                dts.append(np.array([dt]))
+                dps.append(np.array([dp]))
+        t, p = _combine_arrays(self.at_center.seconds, self.at_center.power_w, dts, dps, self.coupling,
+                               self.energy_share, conservative)
+        return Measurement(float(t[0]), float(p[0]))
+
+    def anchored(self) -> PhaseModel:
+        """This model re-centred on its measured best point (itself if there is none).
+
+        Predictions near the point tuning settled on then start from what was measured
+        there, not from the axes' centre (which may be far, across cross terms the axes do
+        not show); the axes are shifted to pass through it (a separable move).
+        """
+        if self.best is None or self.best_measured is None:
+            return self
+        at = self.best_measured
+        centre = OperatingPoint.of({d: self.best.get(d) or hz for d, hz in self.center.items()})
+        axes: dict[str, Mapping[int, Measurement]] = {}
+        for d, axis in self.axes.items():
+            t0 = _interp({f: m.seconds for f, m in axis.items()}, centre[d])
+            p0 = _interp({f: m.power_w for f, m in axis.items()}, centre[d])
+            shifted = {f: Measurement(max(at.seconds + m.seconds - t0, 1e-12), max(at.power_w + m.power_w - p0, 0.0))
+                       for f, m in axis.items()}
+            shifted[centre[d]] = at
+            axes[d] = MappingProxyType(shifted)
+        return replace(self, center=centre, at_center=at, axes=MappingProxyType(axes))
 
     @property
     def slowdown_reference_s(self) -> float:
@@ -148,6 +222,8 @@ class PhaseModel:
             "best": None if self.best is None else self.best.as_dict(),
             "best_measured": None if self.best_measured is None else self.best_measured.to_json(),
             "unit": self.unit,
+            "coupling": self.coupling,
+            "energy_share": self.energy_share,
         }
 
     @staticmethod
@@ -176,6 +252,11 @@ class PhaseModel:
             unit = obj.get("unit", "phase")
             if unit not in ("phase", "loop"):
                 raise ProfileError(f"{where}.unit: expected 'phase' or 'loop', got {unit!r}")
+            # Profiles written before the cross terms existed are separable (the defaults).
+            shares = {k: obj.get(k, d) for k, d in (("coupling", 1.0), ("energy_share", 0.0))}
+            for k, v in shares.items():
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v <= 1.0:
+                    raise ProfileError(f"{where}.{k}: expected a number in [0, 1], got {v!r}")
         except KeyError as exc:
             raise ProfileError(f"{where}: missing field {exc.args[0]!r}") from exc
         except ValueError as exc:
@@ -183,7 +264,8 @@ class PhaseModel:
                 raise
             raise ProfileError(f"{where}: {exc}") from exc
         return PhaseModel(
-            center, at_center, MappingProxyType(axes), None if ref is None else float(ref), best, bm, unit
+            center, at_center, MappingProxyType(axes), None if ref is None else float(ref), best, bm, unit,
+            float(shares["coupling"]), float(shares["energy_share"]),
         )
 
 
@@ -191,6 +273,43 @@ def _point_from_json(obj: object, where: str) -> OperatingPoint:
     if not isinstance(obj, dict) or not all(isinstance(v, int) and v > 0 for v in obj.values()):
         raise ProfileError(f"{where}: expected {{domain: Hz}} with positive integers, got {obj!r}")
     return OperatingPoint.of(obj)
+
+
+def _off_axis(model: PhaseModel, point: OperatingPoint) -> bool:
+    moved = sum(1 for d, hz in point.items() if d in model.center and model.center[d] != hz)
+    return moved >= 2
+
+
+def fit_coupling(model: PhaseModel, measured: Sequence[tuple[OperatingPoint, Measurement]]) -> PhaseModel:
+    """``model`` with ``coupling`` and ``energy_share`` fitted to the points off its axes.
+
+    Least squares on relative error over a grid of both shares (time first, then power at
+    the fitted time), so a handful of points suffices; points on an axis (fitted exactly by
+    any share) and the centre are skipped. Without off-axis points ``model`` is returned.
+    """
+    pts = [(p, m) for p, m in measured if _off_axis(model, p) and m.seconds > 0 and m.power_w > 0]
+    if not pts:
+        return model
+    doms = [d for d in model.center if d in model.axes]
+    dts = [np.array([model.deltas(d, p.get(d) or model.center[d])[0] for p, _ in pts]) for d in doms]
+    dps = [np.array([model.deltas(d, p.get(d) or model.center[d])[1] for p, _ in pts]) for d in doms]
+    ts = np.array([m.seconds for _, m in pts])
+    ps = np.array([m.power_w for _, m in pts])
+    t0, p0 = model.at_center.seconds, model.at_center.power_w
+
+    def err_t(c: float) -> float:
+        t, _ = _combine_arrays(t0, p0, dts, dps, c, 0.0)
+        return float(np.sum(((t - ts) / ts) ** 2))
+
+    # Ties go to the higher share: the serial sum predicts more time (the safe side).
+    coupling = min(reversed(_GRID), key=lambda c: err_t(c) - 1e-15 * c)
+
+    def err_p(s: float) -> float:
+        _, p = _combine_arrays(t0, p0, dts, dps, coupling, s)
+        return float(np.sum(((p - ps) / ps) ** 2))
+
+    share = min(_GRID, key=err_p)
+    return replace(model, coupling=coupling, energy_share=share)
 
 
 @dataclass(frozen=True)
@@ -204,7 +323,12 @@ class Choice:
 
 
 def _pareto(opts: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
-    """Drop options that are both slower and hungrier than another (ties keep the faster clock)."""
+    """Drop options that are both slower and hungrier than another (ties keep the faster clock).
+
+    With the cross terms this is a heuristic for the power cap (a slower option lowers
+    the others' utilisation), but an option slower *and* hungrier on its own axis is
+    not one a cap needs in practice, and pruning keeps the joint search exhaustive.
+    """
     kept = []
     for hz, dt, dp in opts:
         dominated = any(
@@ -222,110 +346,109 @@ def choose(
     power_cap_w: float | None = None,
     fixed: Mapping[str, int] | None = None,
     power_bias_w: float = 0.0,
+    objective: Objective = "energy",
+    conservative: bool = False,
+    price_j_per_s: float = 0.0,
 ) -> Choice:
-    """The operating point with the least predicted energy per unit, jointly over domains.
+    """The best operating point by the model's prediction, jointly over domains.
 
-    Constraints, in order of precedence: predicted power (plus ``power_bias_w``, what
-    the model has been seen to under-predict) below ``power_cap_w``; predicted time
-    within ``(1 + slowdown)`` of the reference. If nothing meets the time bound within
-    the cap, the fastest point within the cap; if nothing meets the cap, the least power.
-    Domains in ``fixed`` stay at the given frequency (locked, or not worth switching).
+    ``objective="energy"``: the least energy per unit with predicted time within
+    ``(1 + slowdown)`` of the reference; if nothing meets the time bound within the cap,
+    the fastest point within the cap. ``objective="time"`` (a power budget to fill): the
+    fastest point within the cap (points within :data:`TIME_TIE` of it count as equally
+    fast: the least energy among them), ``slowdown`` unused. ``objective="price"``: the least
+    ``energy + price_j_per_s x time`` (a second of the loop priced in joules, see
+    :func:`~hetsched._governor._loop.allocate_loop`), ``slowdown`` unused. Either way predicted power
+    (plus ``power_bias_w``, what the model has been seen to under-predict) must stay
+    below ``power_cap_w``; if nothing does, the least power. Domains in ``fixed`` stay
+    at the given frequency (locked, or not worth switching). ``conservative``: judge
+    power by the higher of the two power models (see :meth:`PhaseModel.predict`).
     """
     fixed = dict(fixed or {})
-    t0 = model.at_center.seconds
-    p0 = model.at_center.power_w
-    base_t, base_p = t0, p0
-    free: list[str] = []
+    names: list[str] = []
     options: list[list[tuple[int, float, float]]] = []
-    chosen_fixed: dict[str, int] = {}
     for dom, center_hz in model.center.items():
         if dom in fixed:
-            dt, dp = model.deltas(dom, fixed[dom])
-            base_t += dt
-            base_p += dp
-            chosen_fixed[dom] = fixed[dom]
+            names.append(dom)
+            options.append([(fixed[dom], *model.deltas(dom, fixed[dom]))])
             continue
         opts = [(hz, *model.deltas(dom, hz)) for hz in model.options(dom)] or [(center_hz, 0.0, 0.0)]
-        free.append(dom)
+        names.append(dom)
         options.append(_pareto(opts))
     bound = model.slowdown_reference_s * (1.0 + slowdown)
     cap = math.inf if power_cap_w is None else power_cap_w - power_bias_w
 
+    def evaluate(idx: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        dts = [np.array([o[1] for o in opts])[ix] for opts, ix in zip(options, idx, strict=True)]
+        dps = [np.array([o[2] for o in opts])[ix] for opts, ix in zip(options, idx, strict=True)]
+        return _combine_arrays(model.at_center.seconds, model.at_center.power_w, dts, dps,
+                               model.coupling, model.energy_share, conservative)
+
     size = math.prod(len(o) for o in options) if options else 1
-    if size <= _MAX_PRODUCT:
-        idx = _search_product(options, base_t, base_p, bound, cap)
-    else:
-        idx = _search_greedy(options, base_t, base_p, bound, cap)
-    freqs = dict(chosen_fixed)
-    t, p = base_t, base_p
-    for dom, opts, i in zip(free, options, idx, strict=True):
-        hz, dt, dp = opts[i]
-        freqs[dom] = hz
-        t += dt
-        p += dp
-    pred = Measurement(max(t, 1e-12), max(p, 0.0))
-    return Choice(OperatingPoint.of(freqs), pred, pred.seconds <= bound * (1 + 1e-9), pred.power_w <= cap)
-
-
-def _search_product(
-    options: list[list[tuple[int, float, float]]], base_t: float, base_p: float, bound: float, cap: float
-) -> list[int]:
     if not options:
-        return []
-    grids = np.meshgrid(*[np.arange(len(o)) for o in options], indexing="ij")
-    flat = [g.ravel() for g in grids]
-    t = np.full(flat[0].shape, base_t)
-    p = np.full(flat[0].shape, base_p)
-    for opts, ix in zip(options, flat, strict=True):
-        t = t + np.array([o[1] for o in opts])[ix]
-        p = p + np.array([o[2] for o in opts])[ix]
-    t = np.maximum(t, 1e-12)
-    p = np.maximum(p, 0.0)
+        idx: list[int] = []
+    elif size <= _MAX_PRODUCT:
+        idx = _search_product(options, evaluate, bound, cap, objective, price_j_per_s)
+    else:
+        idx = _search_greedy(options, evaluate, bound, cap, objective, price_j_per_s)
+    freqs = {dom: opts[i][0] for dom, opts, i in zip(names, options, idx, strict=True)}
+    if idx:
+        t_arr, p_arr = evaluate([np.array([i]) for i in idx])
+        pred = Measurement(float(t_arr[0]), float(p_arr[0]))
+    else:
+        pred = model.at_center
+    within_t = objective != "energy" or pred.seconds <= bound * (1 + 1e-9)
+    return Choice(OperatingPoint.of(freqs), pred, within_t, pred.power_w <= cap)
+
+
+def _pick(t: np.ndarray, p: np.ndarray, bound: float, cap: float, objective: Objective, price: float = 0.0) -> int:
     power_ok = p <= cap
+    if not power_ok.any():
+        return int(np.argmin(p))
+    if objective == "price":
+        return int(np.argmin(np.where(power_ok, t * p + price * t, np.inf)))
+    if objective == "time":
+        fastest = float(np.min(np.where(power_ok, t, np.inf)))
+        near = power_ok & (t <= fastest * (1 + TIME_TIE))
+        return int(np.argmin(np.where(near, t * p * (1 + 1e-9) + t * 1e-12, np.inf)))
     both = power_ok & (t <= bound * (1 + 1e-9))
     if both.any():
         # Least energy; among (near-)equal energies the faster one.
-        score = np.where(both, t * p * (1 + 1e-9) + t * 1e-12, np.inf)
-        k = int(np.argmin(score))
-    elif power_ok.any():
-        k = int(np.argmin(np.where(power_ok, t, np.inf)))
-    else:
-        k = int(np.argmin(p))
+        return int(np.argmin(np.where(both, t * p * (1 + 1e-9) + t * 1e-12, np.inf)))
+    return int(np.argmin(np.where(power_ok, t, np.inf)))
+
+
+def _search_product(
+    options: list[list[tuple[int, float, float]]],
+    evaluate: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, np.ndarray]],
+    bound: float, cap: float, objective: Objective, price: float = 0.0,
+) -> list[int]:
+    grids = np.meshgrid(*[np.arange(len(o)) for o in options], indexing="ij")
+    flat = [g.ravel() for g in grids]
+    t, p = evaluate(flat)
+    k = _pick(t, p, bound, cap, objective, price)
     return [int(ix[k]) for ix in flat]
 
 
 def _search_greedy(
-    options: list[list[tuple[int, float, float]]], base_t: float, base_p: float, bound: float, cap: float
+    options: list[list[tuple[int, float, float]]],
+    evaluate: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, np.ndarray]],
+    bound: float, cap: float, objective: Objective, price: float = 0.0,
 ) -> list[int]:
-    """Start from each domain's fastest option; step down whichever saves most energy per second lost."""
-
-    def fastest(o: list[tuple[int, float, float]]) -> int:
-        return min(range(len(o)), key=lambda i: (o[i][1], -o[i][0]))
-
-    idx = [fastest(o) for o in options]
-
-    def totals(ix: list[int]) -> tuple[float, float]:
-        return (base_t + sum(o[i][1] for o, i in zip(options, ix, strict=True)),
-                base_p + sum(o[i][2] for o, i in zip(options, ix, strict=True)))
-
-    while True:
-        t, p = totals(idx)
-        best: tuple[float, list[int]] | None = None
+    """Coordinate descent from each domain's fastest option: move one domain at a time to
+    whichever of its options the objective prefers with the others where they are, until
+    no single move improves."""
+    idx = [min(range(len(o)), key=lambda i, o=o: (o[i][1], -o[i][0])) for o in options]  # type: ignore[misc]
+    for _ in range(50):
+        moved = False
         for d, opts in enumerate(options):
-            for i in range(len(opts)):
-                if i == idx[d]:
-                    continue
-                trial = list(idx)
-                trial[d] = i
-                t2, p2 = totals(trial)
-                if p > cap:
-                    gain = (p - p2) / max(t2 - t, 1e-9) if p2 < p else -math.inf
-                elif t2 <= bound and p2 <= cap:
-                    gain = t * p - t2 * p2
-                else:
-                    continue
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, trial)
-        if best is None:
-            return idx
-        idx = best[1]
+            trial = [np.full(len(opts), i) for i in idx]
+            trial[d] = np.arange(len(opts))
+            t, p = evaluate(trial)
+            k = _pick(t, p, bound, cap, objective, price)
+            if k != idx[d]:
+                idx[d] = k
+                moved = True
+        if not moved:
+            break
+    return idx
