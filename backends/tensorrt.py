@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -66,6 +66,8 @@ from ._tensorrt_run import (
     gpu_info,
     load_cudart,
 )
+
+_T = TypeVar("_T")
 
 __all__ = [
     "INSTALL_HINT",
@@ -232,18 +234,7 @@ class TensorRtStage:
         :raises StageExecutionError: a bad feed, TensorRT refused the run, or a CUDA error
             (:class:`~hetsched.DeviceFailedError` when the device is lost).
         """
-        t0 = time.perf_counter()
-        try:
-            ctx = state if isinstance(state, WorkerContext) else self._own_context()
-            out = ctx.run(feeds)
-        except StageExecutionError:
-            raise
-        except Exception as exc:  # numpy, TensorRT and CUDA failures alike fail this run
-            raise self._error(exc) from exc
-        with self._lock:
-            self._runs += 1
-            self._seconds += time.perf_counter() - t0
-        return out
+        return self._timed(state, lambda ctx: ctx.run(feeds))
 
     def output_specs(self) -> list[TensorSpec] | None:
         """Dtype and shape of each output when the engine's output shapes are static, else None
@@ -267,10 +258,15 @@ class TensorRtStage:
 
         :raises StageExecutionError: as :meth:`run`, also when an output's shape is not ``outputs[i]``'s.
         """
+        self._timed(state, lambda ctx: ctx.run(feeds, outputs))
+
+    def _timed(self, state: object, call: Callable[[WorkerContext], _T]) -> _T:
+        """``call`` on the worker's context (this stage's own without one), counted and timed;
+        any failure but a StageExecutionError translated into one."""
         t0 = time.perf_counter()
         try:
             ctx = state if isinstance(state, WorkerContext) else self._own_context()
-            ctx.run(feeds, outputs)
+            out = call(ctx)
         except StageExecutionError:
             raise
         except Exception as exc:  # numpy, TensorRT and CUDA failures alike fail this run
@@ -278,6 +274,7 @@ class TensorRtStage:
         with self._lock:
             self._runs += 1
             self._seconds += time.perf_counter() - t0
+        return out
 
     def _own_context(self) -> WorkerContext:
         with self._lock:

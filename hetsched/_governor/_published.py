@@ -187,20 +187,33 @@ class _Dir:
         finally:
             os.close(fd)
 
+    def _rmdir(self, depth: int) -> None:
+        """Remove component ``depth`` of ``run/hetsched`` (1-based) if empty, walking without links.
+
+        :raises OSError: not empty, missing, or a link on the way.
+        """
+        fd = os.open(self._root, _DIR_FLAGS)
+        try:
+            for part in self._parts[: depth - 1]:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            os.rmdir(self._parts[depth - 1], dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def remove_if_empty(self) -> None:
+        """Remove ``run/hetsched`` itself when nothing is left in it (another governor's files stay)."""
+        try:
+            self._rmdir(len(self._parts))
+        except OSError:
+            pass
+
     def tidy(self) -> None:
         """Remove the directories this writer made, if they are empty again (a tree as it was)."""
         for depth in sorted(set(self._made), reverse=True):
-            parent = self._parts[: depth - 1]
             try:
-                fd = os.open(self._root, _DIR_FLAGS)
-                try:
-                    for part in parent:
-                        nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                        os.close(fd)
-                        fd = nxt
-                    os.rmdir(self._parts[depth - 1], dir_fd=fd)
-                finally:
-                    os.close(fd)
+                self._rmdir(depth)
             except OSError:
                 break
         self._made.clear()

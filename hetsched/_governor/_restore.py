@@ -21,7 +21,7 @@ from typing import Any
 
 from .._errors import HetschedError, SysfsError
 from .._platform._fs import SysfsRoot, parse_name
-from ._published import RUN_DIR, SAVED_FILE, decode_knobs, owned_here, pid_alive, read_published
+from ._published import RUN_DIR, SAVED_FILE, _Dir, decode_knobs, owned_here, pid_alive, read_published
 
 __all__ = ["RestoreOutcome", "by_role", "expected_knobs", "restore_saved", "unrestorable", "write_back"]
 
@@ -242,15 +242,6 @@ def _remove(fs: SysfsRoot, doc: Mapping[str, Any]) -> None:
     writes its own), and its directory when that is empty then."""
     if read_published(fs).saved != doc:
         return
-    path = fs.resolve(RUN_DIR).path
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.unlink(SAVED_FILE, dir_fd=fd)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass  # not empty: a state file, or another governor's
+    d = _Dir(fs)
+    d.remove(SAVED_FILE)
+    d.remove_if_empty()  # not when a state file or another governor's is left
