@@ -10,14 +10,8 @@ per phase) and :mod:`._thermal` (the thermal guard), the writes and read-backs b
 :class:`~hetsched._governor._governor.Governor` drives on a board and what benchmarks
 drive on the fast simulation.
 
-Short phases. Whether a domain is switched for a phase is judged on the phase's shortest
-run (at the top clocks), against the domain's transition latency (``min_phase_factor``).
-Domains no working phase is long enough to switch (a Jetson GPU or EMC in a 33 ms camera
-frame) are *held*: the longest working phase sets them once for the whole loop, and its
-auto-tune then measures the *loop* (that phase and every working phase until it starts
-again, plus the energy of any IDLE between, :attr:`PhaseModel.unit` ``"loop"``), since
-the short phases run at the clocks it leaves. A tuning point that writes a domain too slow
-for the phase gets a settle run (the occurrence is not measured, the point is repeated).
+Short phases: domains no working phase is long enough to switch are *held* by the longest
+working phase, which is then tuned on the whole loop (see :mod:`._tuning`).
 
 Dwell (``dwell_s``, set for a Session's per-request phases). A phase that lasts less than
 ``dwell_s`` switches no domain: a 30 fps loop that set the clocks for its 5 ms inference and
@@ -34,18 +28,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from .._errors import PowerBudgetError, ProfileError, RuntimeStateError
+from .._errors import ProfileError, RuntimeStateError
 from .._snapshot import Snapshot
+from ._caps import check_budget, phase_cap, tighter
 from ._clocks import ClockWriter
-from ._decide import Decision, DecisionInput, GovernorConfig, decide, switchable
+from ._decide import Decision, DecisionInput, GovernorConfig, decide
 from ._dwell import hold_back, log_decision, may_switch
-from ._loop import held_domains, loop_slowdown, slowdown_share
+from ._loop import held_domains
 from ._meter import PhaseLedger, PowerMeter
-from ._model import Measurement, PhaseModel, choose
+from ._model import Measurement, PhaseModel
 from ._phase import Phase, as_phase
 from ._points import DomainSpec, OperatingPoint
 from ._ports import ClockPort
@@ -53,16 +47,11 @@ from ._profile import BoardId, GovernorProfile
 from ._published import Publisher
 from ._statistics import GovernorStatistics, PhaseStatistics
 from ._thermal import ThermalGuard
-from ._tuner import AxisTuner
+from ._tuning import LoopUnit, PhaseTuning
 
 __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
 
 log = logging.getLogger("hetsched.governor")
-
-_TUNE_AFTER = 3
-"""Occurrences of a phase before its tuning starts: the first run under the kernel's
-governors, the next ones at the top clocks (what the phase's length is judged on)."""
-
 
 def _samples_integrated_by_telemetry(port: ClockPort) -> bool:
     from ._sysfs import SysfsPort
@@ -107,11 +96,9 @@ class GovernorEngine:
                     f"(domains {sorted(profile.board.domains)} vs {sorted(self.board.domains)})"
                 )
             self._models.update(profile.phases)
-        self._tuners: dict[Phase, AxisTuner] = {}
-        self._tuner_slow: dict[Phase, frozenset[str]] = {}
-        self._untunable: set[Phase] = set()
         self._successor: dict[Phase, Phase] = {}
         self._book = PhaseLedger()
+        self._tuning = PhaseTuning(self._models, self._book)
         # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
         # at phase boundaries; a simulation's (or another port's) counter is its own.
         self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))
@@ -130,17 +117,12 @@ class GovernorEngine:
         self._phase_tuning_point: OperatingPoint | None = None
         self._phase_settling = False
         self._phase_dirty = False
-        # loop-unit tuning (see PhaseModel.unit): the phase that owns the loop, and the
-        # occurrence being accumulated: [work seconds, energy, tuning point, point, valid].
-        self._loop_owner: Phase | None = next((p for p, m in self._models.items() if m.unit == "loop"), None)
-        self._loop_acc: list[Any] | None = None
 
         self._last_decision: Decision | None = None
         # counters
         self._switches = 0
         self._decisions = 0
         self._avoided = 0
-        self._tune_meas = 0
         self._capped = 0
         self._max_pred: float | None = None
         self._logged = 0
@@ -171,16 +153,7 @@ class GovernorEngine:
             self._apply({n: s.min_hz for n, s in self.domains.items()})
 
     def _check_budget(self) -> None:
-        cap = self.config.budget_cap_w
-        if cap is None:
-            return
-        for phase, model in self._models.items():
-            ch = choose(model, slowdown=self.config.slowdown, power_cap_w=cap)
-            if not ch.within_power:
-                raise PowerBudgetError(
-                    f"power budget {self.config.power_budget_w} W cannot be met in phase {phase}: "
-                    f"the lowest operating point the profile knows is predicted at {ch.predicted.power_w:.2f} W"
-                )
+        check_budget(self._models, self.config)
 
     def close(self) -> None:
         """Finish the phase in progress and restore every saved knob (idempotent)."""
@@ -216,37 +189,14 @@ class GovernorEngine:
 
     def power_cap(self) -> float | None:
         """The tighter of the budget cap and the thermal guard's (mean-power) cap, now."""
-        caps = [c for c in (self.config.budget_cap_w, self._guard.cap_w) if c is not None]
-        return min(caps) if caps else None
-
-    def _unconstrained_power(self, phase: Phase) -> float | None:
-        model = self._models.get(phase)
-        if model is not None and model.best is not None:
-            return model.predict(model.best).power_w + max(0.0, self._book.bias.get(phase, 0.0))
-        return self._book.mean_power(phase)
+        return tighter(self.config.budget_cap_w, self._guard.cap_w)
 
     def phase_cap(self, phase: Phase) -> float | None:
-        """The cap for ``phase``'s decision.
-
-        The budget is a hard cap on every phase. The thermal cap is on *mean* power (a
-        zone's time constant is seconds to minutes, phases are milliseconds), so it is
-        shared out in proportion to what each phase draws unconstrained: the hungry
-        phases give up the most watts instead of every phase being cut to the same level.
-        """
-        thermal = self._guard.cap_w
-        if thermal is not None:
-            mine = self._unconstrained_power(phase)
-            weights = [
-                (pw, self._book.expected[p])
-                for p in self._book.expected
-                if (pw := self._unconstrained_power(p)) is not None and self._book.expected[p] > 0
-            ]
-            total_t = sum(t for _, t in weights)
-            if mine is not None and total_t > 0:
-                mean = sum(pw * t for pw, t in weights) / total_t
-                thermal = None if mean <= thermal else mine * thermal / mean
-        caps = [c for c in (self.config.budget_cap_w, thermal) if c is not None]
-        return min(caps) if caps else None
+        """The cap for ``phase``'s decision (:func:`~hetsched._governor._caps.phase_cap`)."""
+        return phase_cap(
+            phase, budget_cap_w=self.config.budget_cap_w, thermal_cap_w=self._guard.cap_w,
+            models=self._models, book=self._book,
+        )
 
     # -- phases ---------------------------------------------------------------------
 
@@ -267,26 +217,20 @@ class GovernorEngine:
         if self._phase is not None:
             self._finish_phase(now)
             self._successor[self._phase] = phase
-        if phase is self._loop_owner:
-            self._finish_loop()
+        tuning = self._tuning
+        if phase is tuning.loop_owner:
+            tuning.finish_loop()
         self._switches += 1
         self._phase = phase
         self._phase_t0 = now
         self._phase_e0 = self._meter.energy_j
         self._phase_dirty = False
-        self._maybe_start_tuner(phase)
+        if self.autotune and not self.dry_run:
+            tuning.start(phase, domains=self.domains, locked=self._clocks.locked, config=self.config,
+                         dwell_s=self.dwell_s)
         tuning_point = None
-        tuner = self._tuners.get(phase)
-        if tuner is not None and not self._thermal_pressure():
-            tuning_point = tuner.propose()
-            if tuning_point is None:
-                model = tuner.model()
-                if model is not None:
-                    if phase is self._loop_owner:
-                        model = replace(model, unit="loop")
-                    self._models[phase] = model
-                    log.info("governor: %s tuned: %s", phase, model.best)
-                del self._tuners[phase]
+        if phase in tuning.tuners and not self._thermal_pressure():
+            tuning_point = tuning.propose(phase)
         self._phase_tuning = tuning_point is not None
         self._phase_tuning_point = tuning_point
         decision = self._decide(phase, tuning_point)
@@ -296,33 +240,12 @@ class GovernorEngine:
         # point. The tuner asks for the same point again, which then runs settled.
         # Only domains no other phase touches in between (too slow to switch for this phase
         # when its tuning began) stay put for the repeat; the others are written every time.
-        slow = self._tuner_slow.get(phase, frozenset())
+        slow = tuning.slow.get(phase, frozenset())
         self._phase_settling = self._phase_tuning and any(d in slow for d in decision.writes)
-        if phase is self._loop_owner:
-            valid = not self._phase_settling
-            self._loop_acc = [0.0, 0.0, tuning_point, self._phase_point, valid]
+        if phase is tuning.loop_owner:
+            tuning.loop_acc = LoopUnit(tuning_point, self._phase_point, valid=not self._phase_settling)
         self._published.update(now, phase, self._clocks.current, self.locked)
         return decision
-
-    def _finish_loop(self) -> None:
-        """The loop owner starts again: the loop since its last start is one unit of work."""
-        acc, self._loop_acc = self._loop_acc, None
-        owner = self._loop_owner
-        if acc is None or owner is None:
-            return
-        seconds, energy, tuning_point, point, valid = acc
-        if not valid or seconds <= 0 or point is None:
-            return
-        m = Measurement(seconds, energy / seconds)
-        tuner = self._tuners.get(owner)
-        if tuner is not None:
-            if tuning_point is not None:
-                tuner.record(tuning_point, m)
-                self._tune_meas += 1
-            return
-        model = self._models.get(owner)
-        if model is not None:
-            self._book.update_bias(owner, m.power_w - model.predict(point).power_w)
 
     def tick(self) -> Decision | None:
         """A telemetry tick inside a phase: update the thermal guard; re-decide if the cap moved."""
@@ -346,75 +269,6 @@ class GovernorEngine:
     def _thermal_pressure(self) -> bool:
         return self._guard.pressure(self._meter.max_smooth_w)
 
-    def _maybe_start_tuner(self, phase: Phase) -> None:
-        if (
-            not self.autotune
-            or self.dry_run
-            or phase is Phase.IDLE
-            or phase in self._models
-            or phase in self._tuners
-            or phase in self._untunable
-            or phase not in self._book.expected
-            or self._book.occurrences.get(phase, 0) < _TUNE_AFTER
-        ):
-            return
-        if self._tuners:
-            return  # one phase at a time: the others' clocks must be settled while it is measured
-        dwelling = self._dwelling(phase)
-        if dwelling is not None and not dwelling:
-            # Too short to switch anything for: it runs at the clocks the loop's owner sets.
-            self._untunable.add(phase)
-            return
-        # Longest phases first: shorter ones inherit the domains they cannot switch from them.
-        waiting = [
-            p for p in self._book.expected
-            if p is not Phase.IDLE and p not in self._models and p not in self._untunable
-        ]
-        if max(waiting, key=lambda p: self._book.expected[p]) is not phase:
-            return
-        expected = self._book.shortest.get(phase, self._book.expected[phase])
-        held = self._held_for(phase)
-        tune = [
-            name
-            for name, spec in self.domains.items()
-            if name not in self._clocks.locked and (name in held or switchable(spec, expected, self.config.min_phase_factor))
-        ]
-        if not tune:
-            self._untunable.add(phase)
-            return
-        cfg = self.config
-        # Under a dwell the owner sets the clocks the shorter phases run at, as for held domains.
-        owns = bool(dwelling) and any(
-            self._dwelling(p) is False for p in self._book.expected if p is not phase
-        )
-        if (held or owns) and cfg.power_budget_w is None and self._loop_owner is None:
-            # It sets clocks the rest of the loop runs at: judge them by the whole loop. (Not
-            # under a budget: that is a cap on instantaneous power, not on the loop's mean.)
-            self._loop_owner = phase
-        self._tuner_slow[phase] = frozenset(
-            d for d in tune if not switchable(self.domains[d], expected, cfg.min_phase_factor)
-        )
-        self._tuners[phase] = AxisTuner(
-            self.domains,
-            tune,
-            slowdown=self._slowdown_for(phase),
-            power_cap_w=cfg.budget_cap_w,
-            levels=cfg.tune_levels,
-            passes=cfg.tune_passes,
-            repeats=cfg.tune_repeats,
-        )
-
-    def _loop_slowdown(self) -> float:
-        return loop_slowdown(self.config, self._book.shortest)
-
-    def _slowdown_for(self, phase: Phase) -> float:
-        owner = self._loop_owner
-        return slowdown_share(
-            phase, self._loop_slowdown(), owner=owner,
-            owner_model=self._models.get(owner) if owner is not None else None,
-            shortest=self._book.shortest, settled=set(self._models) | self._untunable,
-        )
-
     def _held_for(self, phase: Phase) -> frozenset[str]:
         return held_domains(
             phase, self._book.shortest, self.domains, self._clocks.locked, self.config.min_phase_factor
@@ -427,31 +281,17 @@ class GovernorEngine:
         energy = self._meter.energy_j - self._phase_e0
         point = self._phase_point
         self._book.record(phase, seconds, energy, None if point is None else point.as_dict())
-        acc = self._loop_acc
+        acc = self._tuning.loop_acc
         if acc is not None:
-            # Idle time is not work (the bound is on work time), its energy is the loop's.
-            if phase is not Phase.IDLE:
-                acc[0] += seconds
-            acc[1] += energy
-            if self._phase_dirty:
-                acc[4] = False
+            acc.add(phase, seconds, energy, dirty=self._phase_dirty)
         if seconds <= 0:
             return
         m = Measurement(seconds, energy / seconds)
         point = self._phase_point
-        if self._phase_dirty or point is None or phase is self._loop_owner:
+        if self._phase_dirty or point is None or phase is self._tuning.loop_owner:
             return
-        tuner = self._tuners.get(phase)
-        if self._phase_tuning and tuner is not None:
-            if self._phase_settling:
-                return
-            if self._phase_tuning_point is not None:
-                tuner.record(self._phase_tuning_point, m)
-            self._tune_meas += 1
-            return
-        model = self._models.get(phase)
-        if model is not None:
-            self._book.update_bias(phase, m.power_w - model.predict(point).power_w)
+        self._tuning.credit(phase, m, point, tuning=self._phase_tuning, tuning_point=self._phase_tuning_point,
+                            settling=self._phase_settling)
 
     # -- decide and apply -----------------------------------------------------------------
 
@@ -510,9 +350,7 @@ class GovernorEngine:
 
     def _verify(self) -> None:
         for name in self._clocks.verify():
-            # Tuning sweeps that include it would never converge: start them again without it.
-            for p in [p for p, t in self._tuners.items() if name in t.domains]:
-                del self._tuners[p]
+            self._tuning.drop(name)
 
     # -- results ----------------------------------------------------------------------
 
@@ -531,7 +369,7 @@ class GovernorEngine:
     @property
     def tuning_done(self) -> bool:
         """Every phase seen (except IDLE) is tuned or too short to tune."""
-        return all(p is Phase.IDLE or p in self._models or p in self._untunable for p in self._book.expected)
+        return all(p is Phase.IDLE or p in self._models or p in self._tuning.untunable for p in self._book.expected)
 
     def models(self) -> Mapping[Phase, PhaseModel]:
         return MappingProxyType(dict(self._models))
@@ -543,9 +381,9 @@ class GovernorEngine:
     def statistics(self) -> GovernorStatistics:
         phases = {
             p: self._book.statistics(
-                p, tuned=p in self._models, tuning=p in self._tuners, untunable=p in self._untunable
+                p, tuned=p in self._models, tuning=p in self._tuning.tuners, untunable=p in self._tuning.untunable
             )
-            for p in sorted(set(self._book.occurrences) | set(self._models) | set(self._tuners))
+            for p in sorted(set(self._book.occurrences) | set(self._models) | set(self._tuning.tuners))
         }
         return GovernorStatistics(
             phase=self._phase,
@@ -553,7 +391,7 @@ class GovernorEngine:
             decisions=self._decisions,
             writes=self._clocks.writes,
             writes_avoided=self._avoided,
-            tuning_measurements=self._tune_meas,
+            tuning_measurements=self._tuning.measurements,
             tuned_phases=tuple(sorted(self._models)),
             locked_domains=tuple(sorted(self._clocks.locked)),
             capped_decisions=self._capped,

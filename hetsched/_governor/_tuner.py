@@ -21,32 +21,27 @@ Objective: the least energy per unit within the slowdown bound (against the top 
 time); under a power budget (``power_cap_w``) the fastest point within it (the budget is
 a constraint to fill), the least energy breaking ties within run-to-run noise.
 
-The board warms while it is tuned (leakage, hence power, grows with temperature), so a
-sweep measured in order would make the points measured later look dearer. The centre is
-measured again after each axis; the drift it shows, chained across passes, is removed
-from every measurement before points are compared.
+The board warms while it is tuned: the centre is measured again after each axis, and the
+drift it shows is removed from every measurement before points are compared (the book of
+samples and that correction: :mod:`._tuner_book`).
 
 Under a power cap the first centre is the lowest point and axes are swept upwards,
 stopping before a step whose power, extrapolated from the last two, would break the
-cap. Every point not measured yet must have a power *bound* (not a prediction) at least
-``_EXPLORE_MARGIN`` under the cap: along an axis the top two points' slope doubled, and
-never less than the phase drawing its dynamic power as much faster as the clock ratio
-allows; off the axes (joint probe, next centre) the same from a measured point below it.
-So tuning keeps to the budget, at the price of the last few percent of it on coarse
-tables (Orin's EMC steps 665 -> 2133 MHz: no bound lets that step be tried at 10 W).
+cap: every point not measured yet must have a power *bound* (not a prediction) at least
+``_EXPLORE_MARGIN`` under the cap (the bounds: :mod:`._tuner_bounds`).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from .._errors import GovernorError
-from ._model import TIME_TIE, Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
+from ._model import Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
 from ._points import DomainSpec, OperatingPoint
+from ._tuner_book import SampleBook, best_measured
+from ._tuner_bounds import axis_power_bound, off_axis_bound, scaled
 
 __all__ = ["AxisTuner", "TunerStatistics"]
 
@@ -64,8 +59,6 @@ _BUDGET_PASSES = 3
 _EXPLORE_MARGIN = 0.05
 """Under a cap, a point not measured yet is tried only if its power bound is this far under it
 (bounds from neighbours off the axes are not tight; a phase's mean hides its peaks)."""
-_ENERGY_TIE = 0.001
-"""Measured energies this close count as equal (then the lower clocks win)."""
 _EXTRA_PASSES = 4
 """Passes a joint probe that paid may add (each re-centres on it and sweeps again)."""
 
@@ -112,15 +105,11 @@ class AxisTuner:
         self._passes = passes if self._objective == "energy" else max(passes, _BUDGET_PASSES)
         self._repeats = repeats
         self._pass = 0
-        self._samples: dict[OperatingPoint, list[Measurement]] = {}
-        self._seq_of: dict[OperatingPoint, list[int]] = {}
-        """When (in measurement order) each sample of each point was taken."""
-        self._measurements = 0
+        self._book = SampleBook()
+        self._samples = self._book.samples
         self._reference: float | None = None
         self._prev_axes: dict[str, dict[int, Measurement]] = {}
         self._prev_center: OperatingPoint | None = None
-        self._pass_log: list[tuple[int, OperatingPoint]] = []
-        """(first measurement, centre) of every pass so far."""
         self._grids: dict[str, list[int]] = {}
         self._verify_tries = 0
         self._extra_passes = 0
@@ -137,8 +126,8 @@ class AxisTuner:
 
     def _begin_pass(self, center: OperatingPoint, span: Mapping[str, list[int]]) -> None:
         self._center = center
-        self._pass_start = self._measurements
-        self._pass_log.append((self._measurements, center))
+        self._pass_start = self._book.count
+        self._book.begin_pass(center)
         self._axes: dict[str, dict[int, Measurement]] = {d: {} for d in self._order}
         self._stage = "center"
         self._probe: OperatingPoint | None = None
@@ -231,65 +220,18 @@ class AxisTuner:
         return None
 
     def _extrapolated_power(self, d: str, hz: int) -> float:
-        """A bound on the power at ``hz`` on ``d``'s axis.
-
-        Between points this pass measured: interpolated. Above them: extrapolated from the
-        top two (or scaled from the centre alone), and never below what an earlier pass's
-        sweep, re-based on this centre, shows there (that sweep ran with the other domains
-        elsewhere: the shift is separable, the cross terms are not, so it cannot stand alone).
-        """
-        axis = dict(self._axes[d])
+        """A bound on the power at ``hz`` on ``d``'s axis (:func:`axis_power_bound`)."""
         if not self._samples.get(self._center):
             return 0.0
         at_center = Measurement.combine(self._samples[self._center])
-        axis[self._center[d]] = at_center
-        prev = self._prev_axes.get(d)
-        rebased: dict[int, float] = {}
-        if prev:
-            pp = _interp({f: m.power_w for f, m in prev.items()}, self._center[d])
-            rebased = {f: at_center.power_w + m.power_w - pp for f, m in prev.items()}
-        if any(f >= hz for f in axis):
-            return _interp({f: m.power_w for f, m in axis.items()}, hz)
-        pts = sorted(f for f in axis if f < hz)[-2:]
-        f2 = pts[-1]
-        p2 = axis[f2].power_w
-        # A faster clock may shorten the phase by up to its ratio, the other domains' work
-        # then drawn over less time: their share at least that much more.
-        bound = self._scaled(p2, hz / f2)
-        if len(pts) == 2:
-            f1 = pts[0]
-            slope = max((p2 - axis[f1].power_w) / (f2 - f1), 0.0)
-            # Power grows faster than linearly above the voltage knee, and a phase mean
-            # hides its peaks: twice the slope.
-            bound = max(bound, p2 + 2.0 * slope * (hz - f2))
-        if rebased and any(f >= hz for f in rebased):
-            bound = max(bound, _interp(rebased, hz))
-        return bound
+        return axis_power_bound(self._axes[d], self._center[d], at_center, self._prev_axes.get(d), hz, self._samples)
 
     def _safe(self, ch: Choice, model: PhaseModel) -> Choice:
-        """``ch``, or under a cap the best point measured so far if ``ch`` is not safe to run.
-
-        The model's prediction off its axes is no bound: a point is safe only if some
-        measured point with no clock above it, raised along the axes and drawn as much
-        faster as the largest clock ratio allows (:meth:`_scaled`), stays under the cap.
-        """
+        """``ch``, or under a cap the best point measured so far if ``ch`` is not safe to run
+        (its :func:`off_axis_bound` is over the cap)."""
         if self._cap is None or ch.point in self._samples:
             return ch
-        bound = math.inf
-        for y, ms in self._samples.items():
-            if not ms or any((y.get(d) or hz) > hz for d, hz in ch.point.items()):
-                continue
-            p = Measurement.combine(ms).power_w
-            ratio = 1.0
-            for d, hz in ch.point.items():
-                yd = y.get(d)
-                if yd is None or yd == hz or d not in model.axes:
-                    continue
-                axis = {f: m.power_w for f, m in model.axes[d].items()}
-                p += max(0.0, _interp(axis, hz) - _interp(axis, yd))
-                ratio = max(ratio, hz / yd)
-            bound = min(bound, self._scaled(p, ratio))
-        if bound <= self._cap:
+        if off_axis_bound(ch.point, self._samples, model) <= self._cap:
             return ch
         best, best_m = self._best_measured(model.slowdown_reference_s)
         if best is None or best_m is None:
@@ -297,11 +239,7 @@ class AxisTuner:
         return Choice(best, best_m, True, True)
 
     def _scaled(self, power_w: float, ratio: float) -> float:
-        """``power_w`` with everything above the least power this tuner has seen (an upper
-        bound on the static part) drawn ``ratio`` times faster."""
-        floor = min((m.power_w for ms in self._samples.values() for m in ms), default=0.0)
-        floor = min(floor, power_w)
-        return floor + (power_w - floor) * ratio
+        return scaled(power_w, ratio, self._samples)
 
     def _end_pass(self) -> OperatingPoint | None:
         model = self._build_model()
@@ -346,14 +284,14 @@ class AxisTuner:
 
     def _after_verify(self) -> OperatingPoint | None:
         assert self._model is not None and self._chosen is not None
-        m = self._corrected(self._chosen) or Measurement.combine(self._samples[self._chosen])
+        m = self._book.corrected(self._chosen) or Measurement.combine(self._samples[self._chosen])
         ref = self._model.slowdown_reference_s
         over = m.seconds / (ref * (1 + self._slowdown)) if self._objective == "energy" else 0.0
         cap_broken = self._cap is not None and m.power_w > self._cap
         if (over > 1.0 or cap_broken) and self._verify_tries < 3:
             self._verify_tries += 1
             # The miss is evidence off the axes: refit the cross terms on it before choosing again.
-            self._model = fit_coupling(self._model, self._measured())
+            self._model = fit_coupling(self._model, self._book.measured())
             if over > 1.0:
                 self._effective_slowdown = max(0.0, self._effective_slowdown - (over - 1.0) * (1 + self._slowdown) - 0.005)
             bias = max(0.0, m.power_w - self._model.predict(self._chosen).power_w) if cap_broken else 0.0
@@ -368,119 +306,23 @@ class AxisTuner:
         best, best_m = self._best_measured(ref)
         if best is None:
             best, best_m = self._chosen, m
-        self._model = replace(fit_coupling(self._model, self._measured()), best=best, best_measured=best_m)
+        self._model = replace(fit_coupling(self._model, self._book.measured()), best=best, best_measured=best_m)
         self._done = True
         return None
 
-    # -- drift ----------------------------------------------------------------------
-
-    def _drift(self, seq: float) -> tuple[float, float]:
-        """How far the board has drifted (seconds, watts of a unit) by measurement ``seq``.
-
-        Each pass's centre, measured again after every axis, gives the drift within the
-        pass; passes are chained at their boundaries, the last pass's drift extrapolated at
-        its final slope to the next pass's first centre sample (the board keeps warming
-        while the new centre is set up).
-        """
-        off_t = off_p = 0.0
-        segments = []
-        for k, (start, centre) in enumerate(self._pass_log):
-            end = self._pass_log[k + 1][0] if k + 1 < len(self._pass_log) else self._measurements
-            log = [(q, m) for q, m in zip(self._seq_of.get(centre, ()), self._samples.get(centre, ()), strict=True)
-                   if start <= q < end]
-            if log:
-                segments.append(log)
-        for k, log in enumerate(segments):
-            base = log[0][1]
-
-            def rel(q: float, log: list[tuple[int, Measurement]] = log, base: Measurement = base) -> tuple[float, float]:
-                if q <= log[0][0]:
-                    m = log[0][1]
-                elif q >= log[-1][0]:
-                    m = log[-1][1]
-                else:
-                    m = log[-1][1]
-                    for (q0, m0), (q1, m1) in itertools.pairwise(log):
-                        if q0 <= q <= q1:
-                            w = (q - q0) / (q1 - q0) if q1 > q0 else 0.0
-                            m = Measurement(m0.seconds + w * (m1.seconds - m0.seconds), m0.power_w + w * (m1.power_w - m0.power_w))
-                            break
-                return m.seconds - base.seconds, m.power_w - base.power_w
-
-            nxt = segments[k + 1][0][0] if k + 1 < len(segments) else None
-            if nxt is None or seq < nxt:
-                dt, dp = rel(seq)
-                return off_t + dt, off_p + dp
-            dt, dp = rel(log[-1][0])
-            if len(log) >= 2:
-                (q0, m0), (q1, m1) = log[-2], log[-1]
-                gap = (nxt - q1) / max(q1 - q0, 1)
-                dt += gap * (m1.seconds - m0.seconds)
-                dp += gap * (m1.power_w - m0.power_w)
-            off_t, off_p = off_t + dt, off_p + dp
-        return off_t, off_p
-
-    def _corrected(self, point: OperatingPoint) -> Measurement | None:
-        """``point``'s samples, each moved by the drift between when it ran and now (None: none)."""
-        pairs = list(zip(self._seq_of.get(point, ()), self._samples.get(point, ()), strict=True))
-        if not pairs:
-            return None
-        # Power only: warming changes leakage, not how long the work takes (a time that
-        # changes is the clocks', or a phase boundary's, and correcting it would move every
-        # point by what one centre run happened to show).
-        _, now_p = self._drift(self._measurements - 1)
-        dt = dp = 0.0
-        for q, m in pairs:
-            dt += m.seconds
-            dp += m.power_w - self._drift(q)[1]
-        n = len(pairs)
-        return Measurement(max(dt / n, 1e-12), max(dp / n + now_p, 0.0))
-
-    def _measured(self) -> list[tuple[OperatingPoint, Measurement]]:
-        """Every point measured so far, drift-corrected to now."""
-        out = []
-        for p in self._samples:
-            m = self._corrected(p)
-            if m is not None:
-                out.append((p, m))
-        return out
-
     def _best_measured(self, ref: float) -> tuple[OperatingPoint | None, Measurement | None]:
-        bound = ref * (1 + self._slowdown)
-        measured = self._measured()
-        in_cap = [(p, m) for p, m in measured if self._cap is None or m.power_w <= self._cap]
-        if not in_cap:
-            return None, None
-        if self._objective == "time":
-            fastest = min(m.seconds for _, m in in_cap)
-            near = [(p, m) for p, m in in_cap if m.seconds <= fastest * (1 + TIME_TIE)]
-            return self._least_energy(near)
-        ok = [(p, m) for p, m in in_cap if m.seconds <= bound]
-        if ok:
-            return self._least_energy(ok)
-        return min(in_cap, key=lambda pm: pm[1].seconds)
-
-    def _least_energy(self, pts: list[tuple[OperatingPoint, Measurement]]) -> tuple[OperatingPoint, Measurement]:
-        """The least energy; energies within run-to-run noise (0.1 %) go to the lower clocks,
-        so a clock that buys nothing (an idle GPU's in a CPU phase) is not left high."""
-        e_min = min(m.energy_j for _, m in pts)
-        near = [(p, m) for p, m in pts if m.energy_j <= e_min * (1 + _ENERGY_TIE)]
-
-        def height(pm: tuple[OperatingPoint, Measurement]) -> float:
-            return sum(self._specs[d].index(hz) / max(len(self._specs[d].available_hz) - 1, 1)
-                       for d, hz in pm[0].items() if d in self._specs)
-
-        return min(near, key=lambda pm: (height(pm), pm[1].energy_j))
+        return best_measured(self._book.measured(), ref=ref, slowdown=self._slowdown, cap=self._cap,
+                             objective=self._objective, specs=self._specs)
 
     def _build_model(self) -> PhaseModel:
-        at_center = self._corrected(self._center) or Measurement.combine(self._samples[self._center])
+        at_center = self._book.corrected(self._center) or Measurement.combine(self._samples[self._center])
         if self._pass == 0 and self._cap is None:
             # The fastest run at the top clocks: a run slowed by something else (a clock
             # still settling from the point before) must not loosen the bound.
             self._reference = min(m.seconds for m in self._samples[self._center])
         axes: dict[str, Mapping[int, Measurement]] = {}
         for d in self._order:
-            axis = {hz: self._corrected(self._center.with_(d, hz)) or m for hz, m in self._axes[d].items()}
+            axis = {hz: self._book.corrected(self._center.with_(d, hz)) or m for hz, m in self._axes[d].items()}
             axis[self._center[d]] = at_center
             prev = self._prev_axes.get(d)
             if prev and self._prev_center is not None:
@@ -495,7 +337,7 @@ class AxisTuner:
                         )
             axes[d] = MappingProxyType(axis)
         model = PhaseModel(self._center, at_center, MappingProxyType(axes), self._reference)
-        return fit_coupling(model, self._measured())
+        return fit_coupling(model, self._book.measured())
 
     # -- measurements -------------------------------------------------------------
 
@@ -503,9 +345,7 @@ class AxisTuner:
         """One unit of work measured at ``point`` (points not asked for are ignored)."""
         if self._done:
             return
-        self._seq_of.setdefault(point, []).append(self._measurements)
-        self._measurements += 1
-        self._samples.setdefault(point, []).append(measurement)
+        self._book.add(point, measurement)
         if self._stage == "center" and point == self._center:
             self._stage = "axes"
         elif point != self._center:
@@ -530,5 +370,5 @@ class AxisTuner:
 
     def statistics(self) -> TunerStatistics:
         return TunerStatistics(
-            measurements=self._measurements, points=len(self._samples), passes_done=self._pass, done=self._done
+            measurements=self._book.count, points=len(self._samples), passes_done=self._pass, done=self._done
         )
