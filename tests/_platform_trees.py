@@ -178,8 +178,15 @@ ORIN_NX_CPU = (
 )
 
 
-def orin_nx_tree(*, jp5: bool = False, fused_cv: str = "eagain") -> dict[str, str | bytes | Link]:
-    """Orin NX 16 GB. ``fused_cv``: ``"-256000"`` writes that value; ``"eagain"`` leaves ``temp`` for the test to make flaky."""
+ORIN_NX_POSSIBLE_RATES = "204000 665600 2133000 3199000 (kHz)\n"
+"""The L4T ``bpmp/debug/emc/possible_rates`` of an Orin NX (kHz, with the unit marker)."""
+
+
+def orin_nx_tree(
+    *, jp5: bool = False, fused_cv: str = "eagain", emc_rates: str | None = ORIN_NX_POSSIBLE_RATES
+) -> dict[str, str | bytes | Link]:
+    """Orin NX 16 GB. ``fused_cv``: ``"-256000"`` writes that value; ``"eagain"`` leaves ``temp`` for the test to make flaky.
+    ``emc_rates``: content of ``possible_rates``; None leaves the file out (an older kernel)."""
     t: dict[str, str | bytes | Link] = {}
     cpu = "sys/devices/system/cpu"
     t[f"{cpu}/online"] = "0-7\n"
@@ -229,6 +236,8 @@ def orin_nx_tree(*, jp5: bool = False, fused_cv: str = "eagain") -> dict[str, st
     t[f"{emc}/min_rate"] = "204000000\n"
     t[f"{emc}/max_rate"] = "3199000000\n"
     t[f"{emc}/mrq_rate_locked"] = "0\n"
+    if emc_rates is not None:
+        t["sys/kernel/debug/bpmp/debug/emc/possible_rates"] = emc_rates
     t["sys/kernel/nvpmodel_emc_cap/emc_iso_cap"] = "0\n"
     t["sys/kernel/actmon_avg_activity/mc_all"] = "21330000\n"
     names = (

@@ -227,6 +227,7 @@ def test_discover_orin_nx_reference_tree(tmp_path: Path, jp5: bool) -> None:
     assert gpu.load_format == "permille" and gpu.max_freq_hz == 918000000
     mem = p.device("memory")
     assert mem is not None and mem.name == "emc" and mem.source == "bpmp"
+    assert mem.frequencies_hz == (204000000, 665600000, 2133000000, 3199000000)  # possible_rates, not min/max
     assert [(r.name, r.source) for r in p.power_rails] == [
         ("VDD_IN", "measured"),
         ("VDD_CPU_GPU_CV", "measured"),
@@ -335,10 +336,13 @@ def test_twin_estimated_rails_match_the_twin_model(tmp_path: Path, boards: Any) 
     assert [r.name for r in p.power_rails] == model_rails
 
 
-def test_emc_rate_lock_and_release(nx: SysfsRoot) -> None:
+def test_emc_rate_lock_and_release(nx: SysfsRoot, tmp_path: Path) -> None:
     emc = "sys/kernel/debug/bpmp/debug/clk/emc"
+    with pytest.raises(UnsupportedFrequencyError, match="not an EMC rate the kernel offers"):
+        jetson.set_emc_rate(nx, 100_000_000)  # checked against possible_rates
+    old_kernel = SysfsRoot(write_tree(tmp_path / "no-table", orin_nx_tree(emc_rates=None)))
     with pytest.raises(UnsupportedFrequencyError, match="outside the EMC range"):
-        jetson.set_emc_rate(nx, 100_000_000)
+        jetson.set_emc_rate(old_kernel, 100_000_000)  # no table: only min_rate..max_rate
     with pytest.raises(UnsupportedFrequencyError, match="available EMC rate"):
         jetson.set_emc_rate(nx, 1_000_000_000, available_hz=(204000000, 665600000, 2133000000, 3199000000))
     assert nx.read_int(f"{emc}/mrq_rate_locked") == 0  # nothing written on refusal

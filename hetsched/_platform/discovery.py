@@ -64,7 +64,8 @@ class DeviceInfo:
     name: str
     """The devfreq node name (``fb000000.gpu``, ``dmc``) or ``emc`` for Jetson bpmp."""
     frequencies_hz: tuple[int, ...]
-    """Ascending; for Jetson EMC only the (min, max) rates bpmp reports."""
+    """Ascending. Jetson EMC: the kernel's rate table (``possible_rates``/``available_rates``)
+    within bpmp's ``min_rate..max_rate``, or only those two rates when no table is readable."""
     max_freq_hz: int | None
     cur_freq_hz: int | None
     governor: str | None
@@ -266,7 +267,11 @@ def _devices(fs: SysfsRoot, notes: list[str]) -> tuple[DeviceInfo, ...]:
             emc = None
             notes.append("EMC clock is in bpmp debugfs, which is root-only")
         if emc is not None:
-            rates = tuple(sorted({r for r in (emc.min_rate_hz, emc.max_rate_hz) if r}))
+            rates = jetson.emc_rates(emc)
+            if not emc.available_hz:
+                notes.append(
+                    "EMC publishes no rate table (possible_rates, available_rates): only min_rate and max_rate are offered"
+                )
             out.append(
                 DeviceInfo(
                     kind="memory",

@@ -18,8 +18,8 @@ What the twin does with a write, and why (kernel sources named):
   (``devfreq_update_target`` + ``devfreq_recommended_opp``).
 * ``userspace/set_freq``: exists only under the userspace governor; same OPP pick.
 * Jetson EMC (bpmp debugfs): ``rate`` takes effect only while ``mrq_rate_locked`` is 1, rounded
-  to the lowest supported rate >= it and capped by ``emc_iso_cap`` (``0`` = no cap);
-  ``mrq_rate_locked`` accepts only 0 or 1.
+  to the lowest supported rate >= it (the rates ``emc/possible_rates`` lists) and capped by
+  ``emc_iso_cap`` (``0`` = no cap); ``mrq_rate_locked`` accepts only 0 or 1.
 * Anything that does not parse as a non-negative integer is rejected (``EINVAL``).
 
 A regular file cannot fail a ``write()``, so a rejected write is *reverted*: the live twin

@@ -3,7 +3,8 @@
 Paths and formats follow ``docs/sources.md``: [nvgpu] the GPU device and its ``gpu.0`` aliases
 (JP6 ``bus@0/17000000.gpu``, JP5 ``17000000.ga10b``), ``load`` in per-mille; [orin-emc] the
 root-only bpmp debugfs EMC clock, ``emc_iso_cap`` and ``mc_all`` activity (jtop reads
-``EMC% = mc_all / rate_kHz``); [tegra234-dt] [kernel-hwmon] the INA3221 channels and shunts;
+``EMC% = mc_all / rate_kHz``); [orin-emc-rates] the EMC rate table ``emc/possible_rates``;
+[tegra234-dt] [kernel-hwmon] the INA3221 channels and shunts;
 [orin-nvpm] the nvpmodel conf block format; [jtop] the engine clocks under debugfs.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from .schema import DomainProfile
 from .state import BoardState
-from .tree_files import TreeFiles
+from .tree_files import TreeFiles, khz
 
 __all__ = ["TegraTree"]
 
@@ -89,6 +90,10 @@ class TegraTree:
             t.mkdir(p, 0o700)
         t.put(f"{emc}/min_rate", f"{d.min_hz}\n", 0o400)
         t.put(f"{emc}/max_rate", f"{d.max_hz}\n", 0o400)
+        # [orin-emc-rates] L4T publishes the table beside clk/: kHz, then the unit marker.
+        t.mkdir("sys/kernel/debug/bpmp/debug/emc", 0o700)
+        rates = " ".join(str(khz(hz)) for hz in d.available_hz)
+        t.put("sys/kernel/debug/bpmp/debug/emc/possible_rates", f"{rates} (kHz)\n", 0o400)
         for knob in ("rate", "mrq_rate_locked"):
             t.knobs[t.path(f"{emc}/{knob}")] = (d.name, knob)
         t.knobs[t.path("sys/kernel/nvpmodel_emc_cap/emc_iso_cap")] = (d.name, "emc_iso_cap")
