@@ -7,7 +7,15 @@
 ``statistics()``, since the session opened; zeros for backends that do not, such as ``cpu``),
 latency/throughput figures, ``replans`` (``count``, ``last_reason``, ``reasons``), ``energy``
 (``joules``, ``source``, ``mj_per_request``) where the devices report it, and with ``--check`` ``check`` (``max_abs_diff``, ``min_cosine``
-of every output against bare onnxruntime on the host for the same inputs). Stdout holds only
+of every output against bare onnxruntime on the host for the same inputs).
+
+Two energies: ``energy_j`` / ``energy_per_request_j`` are the *stage* energy (each stage's modelled
+joules at its device's clocks, the session's figure); ``board_energy_j`` /
+``board_energy_per_request_j`` are the *board's* (with ``--root``: the root's measured board-input
+rail, ``VDD_IN`` on a Jetson, integrated over the requests, the idle between frames included;
+``board_energy_source`` ``"measured: VDD_IN"``), what a power meter on the board's input shows and
+what a governor is judged by. Where the root has no measured board rail (RK3588 boards have no power
+monitor) they are null and ``board_energy_note`` says why. Stdout holds only
 that; compile progress lines go to stderr (see :class:`hetsched._cli._common.CompileProgress`).
 """
 
@@ -39,7 +47,14 @@ from ._common import (
     stage_rows,
 )
 from ._compile import add_int8_args, calibration_arg, with_accuracy
-from ._run_governed import governor_summary, paced_requests, print_governor_summary, run_governed
+from ._run_governed import (
+    BoardEnergy,
+    governor_summary,
+    paced_requests,
+    print_governor_summary,
+    run_governed,
+    sampled,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stream", action="store_true",
                    help="feed the requests as one stream (Session.map: workers admit the next request, results "
                         "come in batches): throughput only, no per-request latency")
-    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary: energy_per_request_j is the stages' modelled energy, "
+                        "board_energy_per_request_j the board's (with --root: its measured input rail, VDD_IN, over "
+                        "the run, idle between frames included; null with board_energy_note where it has none)")
     p.add_argument("--progress", action="store_true",
                    help="force the progress bar, and print a line per stage compile from the first one")
     add_compile_progress_args(p, progress_flag=False)
@@ -181,20 +199,22 @@ def main(args: argparse.Namespace) -> int:
                            shapes=shapes, calibration=calibration, trace=args.trace) as s:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
             progress = Progress(args.requests, enabled=True if args.progress else None)
+            board = BoardEnergy(args.root) if args.root else None
             t0 = time.perf_counter()
             if args.stream:
-                done = await stream_requests(s, feeds, args.requests, progress)
+                done = await sampled(board, lambda: stream_requests(s, feeds, args.requests, progress))
                 wall = time.perf_counter() - t0
                 summary: dict = {"model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": done,
                                  "mode": "stream", "throughput_rps": done / wall}
             else:
                 paced = None
                 if period_ms is not None:
-                    paced = await paced_requests(s, feeds, args.requests, period_ms / 1e3,
-                                                 args.frame_deadline_ms / 1e3, progress)
+                    paced = await sampled(board, lambda: paced_requests(
+                        s, feeds, args.requests, period_ms / 1e3, args.frame_deadline_ms / 1e3, progress, board),
+                        background=False)
                     lat = paced.latencies_s
                 else:
-                    lat = await run_requests(s, feeds, args.requests, args.concurrency, progress)
+                    lat = await sampled(board, lambda: run_requests(s, feeds, args.requests, args.concurrency, progress))
                 wall = time.perf_counter() - t0
                 summary = {
                     "model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": len(lat),
@@ -226,6 +246,9 @@ def main(args: argparse.Namespace) -> int:
                 summary["energy_per_request_j"] = st.energy_j / summary["requests"]
                 summary["energy"] = {"joules": st.energy_j, "source": st.energy_source,
                                      "mj_per_request": st.energy_j / summary["requests"] * 1e3}
+            summary.update(board.fields(summary["requests"]) if board is not None else {
+                "board_energy_j": None, "board_energy_per_request_j": None, "board_energy_source": None,
+                "board_energy_note": "no --root: the board's rails are read only under --root DIR (--root / on a board)"})
             gov_stats = governor_statistics(hooks)
             if gov_stats:
                 summary["governor"] = gov_stats
@@ -249,8 +272,14 @@ def main(args: argparse.Namespace) -> int:
                 if st.replanning.replans:
                     print(f"re-planned {st.replanning.replans} time(s) while serving; last: {st.replanning.last_reason}")
                 if "energy" in summary:
-                    print(f"energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
+                    print(f"stage energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
                           f"({summary['energy']['source']}, every stage run, re-planned ones included)")
+                if board is not None:
+                    if summary["board_energy_per_request_j"] is not None:
+                        print(f"board energy: {summary['board_energy_per_request_j'] * 1e3:.3f} mJ per request "
+                              f"({summary['board_energy_source']} over the run, idle between requests included)")
+                    else:
+                        print(f"board energy: n/a ({summary['board_energy_note']})")
                 if gov_stats:
                     print_governor_summary(gov_stats)
         return 0

@@ -10,23 +10,37 @@ governed and ungoverned makes their energy per request comparable.
 After a governed run the summary holds, per phase, the clocks it ran at, its time and
 energy; the peak temperature of each zone; the writes (total, per domain, per domain per
 second); the locked domains (those that did not follow the writes).
+
+Board energy (:class:`BoardEnergy`): where the root has a *measured* board-input rail
+(``VDD_IN`` on a Jetson's INA3221), the run integrates it over its requests, memory, CPUs and
+the idle between frames included: what the board draws, not only the stages' modelled joules.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
+from .._errors import HetschedError, PlatformError
+from .._platform.power import TOTAL_RAIL_NAMES
+from .._platform.telemetry import Telemetry
 from ._common import Progress
+
+T = TypeVar("T")
+
+#: How often a run that is not frame-paced samples the board rail in the background.
+BOARD_SAMPLE_PERIOD_S = 0.05
 
 
 @dataclass
@@ -55,10 +69,122 @@ def modelled_seconds(session: Any) -> float | None:
     return total if found else None
 
 
+class BoardEnergy:
+    """The board's input-rail energy over a run, from the root's measured board rail.
+
+    The rail is the one the platform layer marks as the board's input
+    (:data:`~hetsched._platform.power.TOTAL_RAIL_NAMES`: ``VDD_IN`` on a Jetson) and only a
+    *measured* one: an estimated rail (RK3588 boards have no power monitor) is a model, not
+    what the board drew, so there :attr:`source` is None and :attr:`note` says why.
+
+    A rail reading is the mean power over the interval that just ended (a sensor's averaging
+    window, a twin's last period), so each sample stands for the time since the sample before:
+    the energy is ``sum(p_i * (t_i - t_prev))`` over the samples that read the rail, ``t_prev``
+    the previous such sample (the same rule the governor's meter applies to these rails).
+
+    :param root: the sysfs root (a twin's, or ``/``).
+    :param clock: seconds, monotonic, of the board: host time on a real board and on a twin
+        run in its own process at ``--speed 1``; a twin driven in-process passes its board time.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rail: str | None = None
+        self.note: str | None = None
+        self.samples = 0
+        """Samples that read the rail."""
+        self.energy_j = 0.0
+        self._tm: Telemetry | None = None
+        self._last_t: float | None = None
+        try:
+            tm = Telemetry(root, clock=clock)
+        except HetschedError as exc:
+            self.note = f"the root's board could not be read: {exc}"
+            return
+        rails = [r for r in tm.platform.rails if r.is_total and r.source == "measured"]
+        if not rails:
+            names = ", ".join(sorted(TOTAL_RAIL_NAMES - {"board", "total"}))
+            self.note = (f"no measured board-input rail under {root} ({names}): "
+                         f"{'its rails are only estimated (no power monitor)' if tm.platform.rails else 'it has no power rails'}")
+            return
+        self.rail = rails[0].name
+        self._tm = tm
+
+    @property
+    def source(self) -> str | None:
+        """``"measured: VDD_IN"``, or None without a measured board rail."""
+        return None if self.rail is None else f"measured: {self.rail}"
+
+    def sample(self) -> None:
+        """Read the rail now and add its energy since the last reading.
+
+        A sample whose reading is absent (a flaky i2c read) is skipped: the next one that reads
+        stands for the time since the last one that did. Never raises: a rail that becomes
+        unreadable (permissions changed, sensor gone) ends the measurement, not the run, and
+        :meth:`fields` then reports null with the reason.
+        """
+        if self._tm is None or self.rail is None:
+            return
+        try:
+            snap = self._tm.sample_once()
+        except PlatformError as exc:
+            self.note, self.rail, self._tm = f"the {self.rail} rail became unreadable during the run: {exc}", None, None
+            return
+        rail = snap.rails.get(self.rail)
+        p = None if rail is None else rail.power_w
+        if p is None or not math.isfinite(p):
+            return
+        if self._last_t is not None and snap.time_s > self._last_t:
+            self.energy_j += p * (snap.time_s - self._last_t)
+        self._last_t = snap.time_s
+        self.samples += 1
+
+    async def sample_async(self) -> None:
+        """:meth:`sample` in a worker thread (on a board an INA3221 read is an i2c transaction)."""
+        if self._tm is not None:
+            await anyio.to_thread.run_sync(self.sample)
+
+    async def sample_every(self, period_s: float = BOARD_SAMPLE_PERIOD_S) -> None:
+        """Sample every ``period_s`` until cancelled (a task of the run's task group)."""
+        if self._tm is None:
+            return
+        while True:
+            await anyio.sleep(period_s)
+            await self.sample_async()
+
+    def fields(self, requests: int) -> dict[str, Any]:
+        """The ``hetsched run --json`` fields: ``board_energy_j``, ``board_energy_per_request_j``,
+        ``board_energy_source`` and, where those are null, ``board_energy_note``."""
+        if self.rail is None or self.samples < 2:
+            note = self.note or f"the {self.rail} rail read fewer than two samples over the run"
+            return {"board_energy_j": None, "board_energy_per_request_j": None, "board_energy_source": None,
+                    "board_energy_note": note}
+        return {"board_energy_j": self.energy_j,
+                "board_energy_per_request_j": self.energy_j / requests if requests else None,
+                "board_energy_source": self.source, "board_energy_samples": self.samples}
+
+
+async def sampled(board: BoardEnergy | None, work: Callable[[], Awaitable[T]], *, background: bool = True) -> T:
+    """``work()`` with ``board`` sampled at its start and its end and, with ``background``, every
+    :data:`BOARD_SAMPLE_PERIOD_S` in between by a task of this call's own task group, cancelled
+    as soon as ``work`` returns or fails (so no sampler outlives the requests)."""
+    if board is None:
+        return await work()
+    await board.sample_async()
+    async with anyio.create_task_group() as tg:
+        if background:
+            tg.start_soon(board.sample_every)
+        result = await work()
+        tg.cancel_scope.cancel()
+    await board.sample_async()
+    return result
+
+
 async def paced_requests(
-    session: Any, feeds: dict, n: int, period_s: float, deadline_s: float, progress: Progress
+    session: Any, feeds: dict, n: int, period_s: float, deadline_s: float, progress: Progress,
+    board: BoardEnergy | None = None,
 ) -> Paced:
-    """``n`` requests, one per ``period_s`` (wall), each judged against ``deadline_s``."""
+    """``n`` requests, one per ``period_s`` (wall), each judged against ``deadline_s``; ``board``
+    (if given) is sampled at each request's end."""
     lat: list[float] = []
     misses = overruns = 0
     source = "modelled" if modelled_seconds(session) is not None else "wall"
@@ -79,6 +205,8 @@ async def paced_requests(
         lat.append(took)
         if took > deadline_s:
             misses += 1
+        if board is not None:
+            await board.sample_async()
         progress.update()
     return Paced(lat, source, misses, overruns)
 
