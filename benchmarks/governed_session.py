@@ -49,9 +49,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from hetsched import EventInfo, Hooks, LiveTwin, Session
-from hetsched._governor._sysfs import SysfsPort
-from hetsched._platform import discover
+from hetsched import EventInfo, Hooks, LiveTwin, Session, discover
 from hetsched.backends.sim import clock_from_root, twin_devices
 
 TARGETS = {
@@ -163,7 +161,8 @@ async def _frontier(s: Any, clock: BoardTime, feeds: dict, frames: int, period_s
     """Every fixed (CPU mode, memory, accelerator) combination, measured; and whether every knob
     came back as it was."""
     root, twin = Path(clock.twin.root), clock.twin
-    mem_levels = [int(h) for h in SysfsPort(root).domains()["memory"].available_hz]
+    mem = next((d for d in discover(str(root)).devices if d.kind == "memory"), None)
+    mem_levels = [] if mem is None else [int(h) for h in mem.frequencies_hz]
     accel_dirs = {dev: p.parent for dev in accel if (p := _devfreq_governor(root, dev)) is not None}
     accel_levels = [[int(x) for x in (d / "available_frequencies").read_text().split()] for d in accel_dirs.values()]
     points: list[dict[str, Any]] = []

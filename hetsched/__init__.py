@@ -28,6 +28,7 @@ from ._errors import CompileError as CompileError
 from ._errors import DeviceFailedError as DeviceFailedError
 from ._errors import DeviceSpecError as DeviceSpecError
 from ._errors import FrequencyLockError as FrequencyLockError
+from ._errors import GovernorBusyError as GovernorBusyError
 from ._errors import GovernorError as GovernorError
 from ._errors import HetschedError as HetschedError
 from ._errors import InputError as InputError
@@ -174,6 +175,7 @@ __all__ = (
     "FailoverStatistics",
     "FrequencyLockError",
     "Governor",
+    "GovernorBusyError",
     "GovernorConfig",
     "GovernorEngine",
     "GovernorError",

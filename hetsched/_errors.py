@@ -34,6 +34,7 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     │   ├── UnsupportedFrequencyError   (+ ValueError) frequency not in the available list
     │   ├── UnsupportedGovernorError    (+ ValueError) governor not in the available list
     │   ├── FrequencyLockError          a domain's clock did not follow the written value
+    │   ├── GovernorBusyError           another hetsched governor owns this root's clocks
     │   └── PowerBudgetError            (+ ValueError) no operating point fits the power budget
     └── ProfileError                    (+ ValueError) a saved profile/JSON file is malformed
 
@@ -54,6 +55,7 @@ __all__ = [
     "DeviceFailedError",
     "DeviceSpecError",
     "FrequencyLockError",
+    "GovernorBusyError",
     "GovernorError",
     "HetschedError",
     "InputError",
@@ -253,6 +255,22 @@ class UnsupportedFrequencyError(GovernorError, ValueError):
 
 class FrequencyLockError(GovernorError):
     """A domain's achieved frequency did not follow what was written (e.g. nvpmodel re-applied)."""
+
+
+class GovernorBusyError(GovernorError):
+    """Another hetsched governor (this process or another) holds the root's governor lock.
+
+    Raised at start, before any knob was saved or written. Attributes ``root`` (the sysfs
+    root) and ``pid`` (the holder's, None when it could not be read) say which.
+    """
+
+    root: str
+    pid: int | None
+
+    def __init__(self, message: str, *, root: str = "", pid: int | None = None):
+        super().__init__(message)
+        self.root = root
+        self.pid = pid
 
 
 class PowerBudgetError(GovernorError, ValueError):

@@ -206,6 +206,13 @@ def _probe(fs: SysfsRoot, *, settle_s: float, sleep: Callable[[float], None],
 
     # It only looks: a dead governor's saved clocks are reported, not restored behind the user's back.
     port = SysfsPort(fs, clock=clock, sleep=sleep, settle_s=settle_s, recover=False)
+    try:
+        return _probe_domains(port)
+    finally:
+        port.release_lock()  # the last save() (the read-back check) took the root's lock again
+
+
+def _probe_domains(port: Any) -> tuple[ProbeResult, ...]:
     out = []
     for name, spec in port.domains().items():
         saved = port.save()

@@ -5,7 +5,10 @@ first write and removes the file once it has restored them. When it was killed (
 OOM killer, power loss on a twin tree) the file stays and the board keeps its clocks: this
 writes them back without starting a governor (the next governor on the root does the same
 before it saves). The file is removed after a clean restore. A governor that still runs is
-left alone unless ``--force`` (a pid reused by another process, a governor that hangs).
+left alone unless ``--force`` (a governor that hangs): one that holds the root's governor lock
+(``run/hetsched/governor.lock``; the lock is taken for the restore, so no governor starts in
+the middle of it), or, for a file an older version wrote without a lock, whose pid runs (a
+pid reused by another process reads as running: ``--force``).
 
 Exit status: 0 restored or nothing to restore; 1 some knobs are not back (each named), the
 file is unreadable, or its governor still runs.
@@ -29,7 +32,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--root", default="/", metavar="DIR", help="sysfs root (default /)")
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
-    p.add_argument("--force", action="store_true", help="restore even if the governor that saved them still runs")
+    p.add_argument("--force", action="store_true", help="restore even if the governor that saved them still runs (holds the governor lock)")
     p.set_defaults(func=run)
 
 

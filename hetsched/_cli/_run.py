@@ -293,16 +293,24 @@ def main(args: argparse.Namespace) -> int:
         async with anyio.create_task_group() as tg:
 
             async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    task_status.started()
-                    # Only the run is cancelled, never this receiver: it keeps every later signal
-                    # until the run (the governor's restore included) has unwound. A receiver that
-                    # closed with the run would hand a second SIGTERM to the default handler,
-                    # which kills the process half-way through the restore.
-                    async for signum in signals:
-                        if not signalled:
-                            signalled.append(int(signum))
-                            body.cancel()
+                try:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        task_status.started()
+                        # Only the run is cancelled, never this receiver: it keeps every later signal
+                        # until the run (the governor's restore included) has unwound. A receiver that
+                        # closed with the run would hand a second SIGTERM to the default handler,
+                        # which kills the process half-way through the restore.
+                        async for signum in signals:
+                            if not signalled:
+                                signalled.append(int(signum))
+                                body.cancel()
+                finally:
+                    if signalled:
+                        # Closing the receiver put the default handlers back; this process is on
+                        # its way out with the clocks restored, and a later signal would only turn
+                        # that exit into a kill (and cut the session's own cleanup short).
+                        for s in (signal.SIGTERM, signal.SIGINT):
+                            signal.signal(s, signal.SIG_IGN)
 
             await tg.start(watch)
             try:

@@ -108,6 +108,10 @@ class DecisionInput:
     """Slow domains no phase of the loop lasts long enough to switch (Jetson EMC and GPU in a
     33 ms camera frame): set once for the whole loop by the phase that owns them (the longest),
     as if the loop were one phase. Free for this decision although the phase is short."""
+    follows_owner: bool = False
+    """An untuned working phase of a loop whose owner phase is tuned on the whole loop (see
+    :mod:`hetsched._governor._tuning`): it runs at the clocks the owner left, so that what
+    the owner measures (and chose) is what the loop runs at."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ def decide(inp: DecisionInput) -> Decision:
     """Choose the clocks for ``inp.phase``.
 
     * auto-tune asked for a point: that point (it is being measured);
+    * an untuned phase that follows the loop's owner (``inp.follows_owner``): nothing written;
     * IDLE (and, under a power budget, a phase not tuned yet): every domain worth
       switching to its lowest clock; for IDLE without a budget only those the next phase
       switches back within half the slowdown bound of its own length (one transition
@@ -165,6 +170,10 @@ def decide(inp: DecisionInput) -> Decision:
     if inp.tuning_point is not None:
         target = OperatingPoint.of({d: hz for d, hz in inp.tuning_point.items() if d not in locked})
         return Decision(inp.phase, target, _writes(target, current, locked), None, "tuning")
+
+    if inp.model is None and inp.follows_owner and inp.phase is not Phase.IDLE:
+        target = OperatingPoint.of(dict(current))
+        return Decision(inp.phase, target, MappingProxyType({}), None, "untuned: the loop owner's clocks")
 
     if inp.model is None and (inp.phase is Phase.IDLE or cfg.power_budget_w is not None):
         # Idle: nothing runs, so the lowest clocks cost nothing, but only for domains the

@@ -142,15 +142,21 @@ class GovernorEngine:
         self._check_budget()
         if not self.dry_run and not self.ungoverned:
             self._saved = self.port.save()
-        self._clocks.read_all()
-        self._t_start = self.port.now()
-        self._published.started(self._saved, dry_run=self.dry_run)
-        self._started = True
-        self._observe(self.port.sample())
-        if self.config.power_budget_w is not None:
-            # Under a budget nothing is known to be safe yet but the lowest clocks: take
-            # every domain from the kernel governors (which may well run at the top) now.
-            self._apply({n: s.min_hz for n, s in self.domains.items()})
+        try:
+            self._clocks.read_all()
+            self._t_start = self.port.now()
+            self._published.started(self._saved, dry_run=self.dry_run)
+            self._started = True
+            self._observe(self.port.sample())
+            if self.config.power_budget_w is not None:
+                # Under a budget nothing is known to be safe yet but the lowest clocks: take
+                # every domain from the kernel governors (which may well run at the top) now.
+                self._apply({n: s.min_hz for n, s in self.domains.items()})
+        except BaseException:
+            # Saved means the root's lock is held and knobs may have moved: put them back and
+            # let the lock go now, not when the port is collected.
+            self.close()
+            raise
 
     def _check_budget(self) -> None:
         check_budget(self._models, self.config)
@@ -243,7 +249,8 @@ class GovernorEngine:
         slow = tuning.slow.get(phase, frozenset())
         self._phase_settling = self._phase_tuning and any(d in slow for d in decision.writes)
         if phase is tuning.loop_owner:
-            tuning.loop_acc = LoopUnit(tuning_point, self._phase_point, valid=not self._phase_settling)
+            tuning.loop_acc = LoopUnit(tuning_point, self._phase_point, valid=not self._phase_settling,
+                                       peak=self.config.power_budget_w is not None)
         self._published.update(now, phase, self._clocks.current, self.locked)
         return decision
 
@@ -313,6 +320,9 @@ class GovernorEngine:
             tuning_point=tuning_point,
             successor_expected_s=self._book.length(self._successor.get(phase)),
             held=self._held_for(phase),
+            # Under a budget an untuned phase would otherwise run at the floor.
+            follows_owner=self.config.power_budget_w is not None and self._tuning.loop_owner not in (None, phase)
+            and phase not in self._models,
         )
         decision = self._hold_back(decide(inp), tuning_point)
         self._decisions += 1

@@ -5,8 +5,10 @@ files in ``<root>/run/hetsched/`` (``/run/hetsched/`` on a board, a tmpfs the ke
 at boot):
 
 * ``governor-saved.json``: every knob it saved before its first write (raw bytes as latin-1
-  text, so they round-trip exactly), with its pid. Written once at start, removed only
-  after a restore that succeeded: a file whose pid no longer runs means a governor died
+  text, so they round-trip exactly), with its pid and ``"locked": true`` when it was saved
+  under the root's governor lock (``governor.lock``, :mod:`hetsched._governor._lock`).
+  Written once at start, removed only after a restore that succeeded: a file whose lock
+  nobody holds (an older one without a lock: whose pid no longer runs) means a governor died
   with the clocks changed (``hetsched doctor`` reports it; the next governor on the root
   and ``hetsched restore`` put them back, :mod:`hetsched._governor._restore`).
 * ``governor-state.json``: its current phase, per-domain targets, locked domains, pid.
@@ -227,8 +229,11 @@ class Publisher:
         between two writes of the state file; the files themselves carry wall time.
     """
 
-    def __init__(self, fs: SysfsRoot | None, *, soc: str | None = None, min_interval_s: float = 0.1) -> None:
+    def __init__(self, fs: SysfsRoot | None, *, soc: str | None = None, min_interval_s: float = 0.1,
+                 port: Any = None) -> None:
         self._dir: _Dir | None = None
+        # The SysfsPort whose governor lock this publisher drops at close, after its own files.
+        self._port = port
         self._soc = soc
         self._min_interval_s = min_interval_s
         self._started_unix = time.time()
@@ -251,7 +256,10 @@ class Publisher:
         from ._sysfs import SysfsPort
 
         if isinstance(port, SysfsPort):
-            return cls(port.fs, soc=port.soc)
+            # The lock is dropped in closed(), once the state and saved files are gone: dropped at
+            # the port's restore, a governor starting in between could see its new files removed.
+            port.release_on_restore = False
+            return cls(port.fs, soc=port.soc, port=port)
         return cls(None)
 
     @property
@@ -281,17 +289,31 @@ class Publisher:
         if self._dir is None:
             return
         if saved is None and self._fs is not None:
+            from ._lock import probe
+            from ._restore import saved_owner_alive
+
+            if probe(self._fs).held:
+                # A dry run beside a governing one: the state file is the owner's, not overwritten
+                # (and removed at close) by a run that changes nothing.
+                log.info("governor: another governor owns the clocks under %s: this run publishes nothing",
+                         self._fs.root)
+                self._dir = None
+                return
+
             left = read_published(self._fs)
             pid = left.pid("saved")
-            if left.saved is not None and (pid is None or not pid_alive(pid) or (pid == os.getpid() and not owned_here(self._fs))):
+            if left.saved is not None and not saved_owner_alive(self._fs, left.saved)[0]:
                 log.warning("governor: a hetsched governor that is gone (pid %s) left clocks changed under %s; "
                             "this run does not restore them (`hetsched restore --root %s` does)",
                             pid, self._fs.root, self._fs.root)
         knobs = encode_knobs(saved)
         if knobs is not None:
             d = self._dir
-            self._guard(SAVED_FILE, {"format": FORMAT, "pid": os.getpid(), "soc": self._soc,
-                                     "started_unix": self._started_unix, "knobs": knobs})
+            payload: dict[str, Any] = {"format": FORMAT, "pid": os.getpid(), "soc": self._soc,
+                                       "started_unix": self._started_unix, "knobs": knobs}
+            if self._port is not None and self._port.locked:
+                payload["locked"] = True
+            self._guard(SAVED_FILE, payload)
             if SAVED_FILE in self._wrote:
                 _OWNED.add(d.path)
 
@@ -318,15 +340,20 @@ class Publisher:
         self._guard(STATE_FILE, payload)
 
     def closed(self, *, restored: bool) -> None:
-        """Close: the state file goes; the saved knobs go only when ``restored`` (they are put back)."""
+        """Close: the state file goes; the saved knobs go only when ``restored`` (they are put back);
+        then the port's governor lock is dropped (its file removed) and the directories tidied."""
         self._pending = None
-        self._guard(STATE_FILE, None)
-        if restored:
-            self._guard(SAVED_FILE, None)
-        if self._dir is not None:
-            _OWNED.discard(self._dir.path)
-            self._dir.tidy()
-        self._dir = None
+        try:
+            self._guard(STATE_FILE, None)
+            if restored:
+                self._guard(SAVED_FILE, None)
+        finally:
+            if self._port is not None:
+                self._port.release_lock()
+            if self._dir is not None:
+                _OWNED.discard(self._dir.path)
+                self._dir.tidy()
+            self._dir = None
 
 
 @dataclass(frozen=True)

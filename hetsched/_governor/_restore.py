@@ -4,8 +4,9 @@
 never raised one by one). :func:`restore_saved` puts back what a governor that is gone saved
 in ``<root>/run/hetsched/governor-saved.json`` (:mod:`hetsched._governor._published`): the
 governor did not restore (SIGKILL, OOM, power loss), so the board still runs its clocks.
-Its file is removed once every knob reads back as saved; a governor that still runs is
-left alone unless forced. The next governor on the root calls it before saving
+Its file is removed once every knob reads back as saved; a governor that still runs (it
+holds the root's governor lock, :mod:`hetsched._governor._lock`; for a file of an older
+version without one, its pid runs) is left alone unless forced. The next governor on the root calls it before saving
 (:meth:`SysfsPort.save <hetsched._governor._sysfs.SysfsPort.save>`), ``hetsched restore``
 and ``hetsched doctor --restore-clocks`` from the command line.
 """
@@ -19,11 +20,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .._errors import HetschedError, SysfsError
+from .._errors import GovernorBusyError, HetschedError, SysfsError
 from .._platform._fs import SysfsRoot, parse_name
 from ._published import RUN_DIR, SAVED_FILE, _Dir, decode_knobs, owned_here, pid_alive, read_published
 
-__all__ = ["RestoreOutcome", "by_role", "expected_knobs", "restore_saved", "unrestorable", "write_back"]
+__all__ = [
+    "RestoreOutcome", "by_role", "expected_knobs", "restore_saved", "saved_owner_alive", "unrestorable", "write_back",
+]
 
 Knobs = Mapping[str, bytes | None]
 """One domain's saved knobs: root-relative path -> raw bytes (None: absent when saved)."""
@@ -188,15 +191,47 @@ def _running(pid: int, fs: SysfsRoot) -> bool:
     return pid_alive(pid)
 
 
+def saved_owner_alive(fs: SysfsRoot, doc: Mapping[str, Any], *,
+                      alive: Callable[[int], bool] | None = None) -> tuple[bool, int | None]:
+    """Whether the governor that wrote the saved-clocks ``doc`` under ``fs`` still runs, and its pid.
+
+    A file written under the governor lock (``"locked": true``) is alive exactly while the
+    lock is held (a reused pid does not count); an older file, without a lock, by its pid.
+    ``alive`` (injected for tests) answers instead of both. Reads only; never raises.
+    """
+    pid = doc.get("pid")
+    pid = pid if isinstance(pid, int) else None
+    if alive is not None:
+        return (pid is not None and alive(pid)), pid
+    if doc.get("locked") is True:
+        from ._lock import probe
+
+        state = probe(fs)
+        if state.held is not None:
+            return state.held, state.pid if state.held and state.pid is not None else pid
+        return False, pid  # its lock file is gone: so is its governor
+    return (pid is not None and _running(pid, fs)), pid
+
+
 def restore_saved(fs: SysfsRoot, *, force: bool = False,
-                  alive: Callable[[int], bool] | None = None) -> RestoreOutcome:
+                  alive: Callable[[int], bool] | None = None, locked: bool = False) -> RestoreOutcome:
     """Put back the knobs a governor that is gone saved under ``fs`` (see the module docstring).
 
-    :param force: restore even though the file's pid runs (a reused pid; the governor hung).
-    :param alive: whether a pid runs (injected for tests); default: this process's own
-        governors are known, other pids are asked the kernel.
+    Whose file it is: one written under the governor lock (:mod:`hetsched._governor._lock`)
+    is a dead governor's when nobody holds that lock, whatever its pid; this takes the lock
+    for the restore itself (no governor starts in the middle of it). An older file, without
+    a lock, is judged by its pid.
+
+    :param force: restore even though its governor seems to run (a reused pid of an older
+        file; a governor that hangs); the lock is not taken.
+    :param alive: whether a pid runs (injected for tests; then neither the lock nor the
+        kernel is asked); default: this process's own governors are known, other pids are
+        asked the kernel.
+    :param locked: the caller holds the root's governor lock itself (a governor about to
+        save): a file written under the lock cannot be a live governor's.
     :returns: what was done; nothing is raised for a knob that could not be put back (see
-        ``failed``), nor for a missing, unreadable or foreign file (``status``).
+        ``failed``), nor for a missing, unreadable or foreign file, nor a lock that is held or
+        cannot be taken (``status`` ``refused``).
     """
     where = f"{RUN_DIR}/{SAVED_FILE}"
     pub = read_published(fs)
@@ -205,11 +240,41 @@ def restore_saved(fs: SysfsRoot, *, force: bool = False,
     if pub.saved is None:
         return RestoreOutcome("nothing", where, f"nothing to restore under {fs.root} (no {where})")
     pid = pub.pid("saved")
-    if pid is not None and not force and (alive(pid) if alive is not None else _running(pid, fs)):
-        return RestoreOutcome("refused", where, f"the hetsched governor that saved {where} under {fs.root} still "
-                              f"runs (pid {pid}) and restores the clocks itself; --force to restore anyway", pid)
+    lock = None
+    if not force:
+        if alive is None and not locked and pub.saved.get("locked") is True:
+            from ._lock import RootLock
+
+            try:
+                lock = RootLock.acquire(fs)
+            except GovernorBusyError as exc:
+                holder = exc.pid if exc.pid is not None else pid
+                return RestoreOutcome("refused", where, f"the hetsched governor that saved {where} under {fs.root} "
+                                      f"still runs (pid {holder}: it holds the governor lock) and restores the clocks "
+                                      "itself; --force to restore anyway", holder)
+            except SysfsError as exc:
+                return RestoreOutcome("refused", where, f"cannot take the governor lock to restore {where} under "
+                                      f"{fs.root}: {exc}; --force to restore anyway", pid)
+        elif alive is not None or not (locked and pub.saved.get("locked") is True):
+            live, pid = saved_owner_alive(fs, pub.saved, alive=alive)
+            if live:
+                return RestoreOutcome("refused", where, f"the hetsched governor that saved {where} under {fs.root} "
+                                      f"still runs (pid {pid}) and restores the clocks itself; --force to restore "
+                                      "anyway", pid)
     try:
-        saved = decode_knobs(pub.saved.get("knobs"))
+        out = _restore(fs, pub.saved, pid)
+    finally:
+        if lock is not None:
+            lock.release()
+    if lock is not None and out.status == "restored":
+        _Dir(fs).remove_if_empty()  # the lock file kept it until now
+    return out
+
+
+def _restore(fs: SysfsRoot, doc: Mapping[str, Any], pid: int | None) -> RestoreOutcome:
+    where = f"{RUN_DIR}/{SAVED_FILE}"
+    try:
+        saved = decode_knobs(doc.get("knobs"))
     except ValueError as exc:
         return RestoreOutcome("malformed", where, f"{where} under {fs.root} is malformed: {exc}", pid)
     written: list[str] = []
@@ -232,7 +297,7 @@ def restore_saved(fs: SysfsRoot, *, force: bool = False,
         return RestoreOutcome("partial", where, f"restored {len(written)} clock knobs a governor that is gone "
                               f"({who}) left changed under {fs.root}, {len(failed)} not: {text}; {where} is kept",
                               pid, tuple(written), MappingProxyType(failed), MappingProxyType(left))
-    _remove(fs, pub.saved)
+    _remove(fs, doc)
     return RestoreOutcome("restored", where, f"restored {len(written)} clock knobs a governor that is gone ({who}) "
                           f"left changed under {fs.root}; removed {where}", pid, tuple(written))
 

@@ -22,6 +22,11 @@ end (:attr:`SysfsPort.restore_failures`). Its :func:`~hetsched._governor._restor
 is shared with ``hetsched restore`` (:func:`~hetsched._governor._restore.restore_saved`), which puts back
 what a governor that died (SIGKILL, OOM, power loss) saved; :meth:`save` does it first when
 it finds such a file, so a dead run's clocks are never taken for the board's own.
+
+One governor per root: :meth:`save` first takes the root's governor lock
+(:mod:`hetsched._governor._lock`; :class:`GovernorBusyError` when another governor holds it,
+before anything is read back or written) and it is held until the knobs are restored
+(:meth:`restore`, or :meth:`release_lock` by the engine's publisher once its files are gone).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .._errors import SysfsError, SysfsPermissionError
+from .._errors import GovernorBusyError, SysfsError, SysfsPermissionError
 from .._estimators import power_estimator_for
 from .._platform import cpufreq, devfreq
 from .._platform._fs import SysfsRoot, parse_name
@@ -41,6 +46,7 @@ from .._platform.discovery import discover
 from .._platform.jetson import EMC_DIR
 from .._platform.telemetry import Telemetry
 from .._snapshot import Snapshot
+from ._lock import RootLock
 from ._points import DEFAULT_LATENCY_S, DomainSpec
 from ._restore import Knobs, by_role, expected_knobs, unrestorable, write_back
 
@@ -104,6 +110,11 @@ class SysfsPort:
         self.settle_s = settle_s
         self.restore_settle_s = restore_settle_s
         self.recover = recover
+        self.release_on_restore = True
+        """Whether :meth:`restore` drops the governor lock; the engine's publisher turns it off
+        and calls :meth:`release_lock` itself once its files under ``run/hetsched`` are gone
+        (else a governor starting in between could have its new files removed)."""
+        self._lock: RootLock | None = None
         self.refused: dict[str, str] = {}
         """Domains left alone (never written): their knobs could not be restored (why)."""
         self.restore_failures: dict[str, str] = {}
@@ -208,12 +219,26 @@ class SysfsPort:
         With ``recover``, what a governor that died on this root left changed is put back
         first (a warning says so); a knob that could not be is saved as that governor saved
         it, never as the changed value found now. A domain whose knobs could not be restored
-        is left alone from now on (warned, its writes dropped).
+        is left alone from now on (warned, its writes dropped). The root's governor lock is
+        taken first and held until the restore (released again when this raises).
 
-        :raises SysfsPermissionError: a knob may not be read.
+        :raises GovernorBusyError: another governor holds the root's lock (or an older
+            version's governor that has no lock still runs, by its saved file's pid); nothing
+            was saved or written.
+        :raises PathOutsideRootError: the lock's directory or file is a link leading outside the root.
+        :raises SysfsPermissionError: a knob may not be read, or the lock may not be created.
+        :raises SysfsError: the lock cannot be taken for another reason (a link, not a file).
         """
-        carried = self._recover_dead() if self.recover else {}
-        saved = self._read_knobs()
+        fresh = self._lock is None
+        if fresh:
+            self._lock = RootLock.acquire(self.fs)
+        try:
+            carried = self._recover_dead() if self.recover else {}
+            saved = self._read_knobs()
+        except BaseException:
+            if fresh:
+                self.release_lock()
+            raise
         for knobs in saved.values():
             for path in knobs:
                 if path in carried:
@@ -230,21 +255,41 @@ class SysfsPort:
     def _recover_dead(self) -> dict[str, bytes]:
         from ._restore import restore_saved
 
-        out = restore_saved(self.fs)
+        out = restore_saved(self.fs, locked=True)
         if out.status == "refused":
-            log.warning("governor: %s", out.message)
-        elif out.status != "nothing":
+            # Only an older version's file (no lock) whose pid runs: never save its clocks as ours.
+            raise GovernorBusyError(f"not governing {self.fs.root}: {out.message}", root=str(self.fs.root), pid=out.pid)
+        if out.status != "nothing":
             log.warning("governor: before saving the clocks: %s", out.message)
         return dict(out.left)
 
     def restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
         """Write the saved knobs back (only domains this port wrote); every knob of every
-        domain is tried, what failed is kept in :attr:`restore_failures`.
+        domain is tried, what failed is kept in :attr:`restore_failures`. Then the governor
+        lock is dropped, also when this raises (unless :attr:`release_on_restore` is off).
 
         :raises SysfsPermissionError: a knob could not be written for want of permission
             (the message lists every knob left changed).
         :raises SysfsError: some other knob could not be put back (the message names each).
         """
+        try:
+            self._restore(saved)
+        finally:
+            if self.release_on_restore:
+                self.release_lock()
+
+    @property
+    def locked(self) -> bool:
+        """Whether this port holds the root's governor lock now."""
+        return self._lock is not None and self._lock.held
+
+    def release_lock(self) -> None:
+        """Drop the root's governor lock (its file removed, see :mod:`hetsched._governor._lock`); idempotent."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def _restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
         failed: dict[str, SysfsError | str] = {}
         restored: list[tuple[_Domain, Knobs]] = []
         for name, d in self._doms.items():

@@ -6,7 +6,11 @@ Domains no working phase is long enough to switch (a Jetson GPU or EMC in a 33 m
 frame) are *held*: the longest working phase sets them once for the whole loop, and its
 auto-tune then measures the *loop* (that phase and every working phase until it starts
 again, plus the energy of any IDLE between, :attr:`PhaseModel.unit` ``"loop"``, summed by
-:class:`LoopUnit`), since the short phases run at the clocks it leaves. A tuning point that
+:class:`LoopUnit`), since the short phases run at the clocks it leaves. Under a power budget
+too: a 2 ms preprocess that cannot switch its CPU runs at the CPU clock the 10 ms inference
+left, and judged on its own phase the inference would leave the CPU at its floor (it does
+not need it). The budget caps every phase's power, not the loop's mean, so there the
+loop's power is that of its hungriest phase (:attr:`LoopUnit.peak`). A tuning point that
 writes a domain too slow for the phase gets a settle run (the occurrence is not measured,
 the point is repeated).
 
@@ -99,9 +103,13 @@ def plan_tuning(
     owns = bool(dwelling) and any(
         may_switch(p, book.expected, dwell_s) is False for p in book.expected if p is not phase
     )
-    # It sets clocks the rest of the loop runs at: judge them by the whole loop. (Not
-    # under a budget: that is a cap on instantaneous power, not on the loop's mean.)
-    owns_loop = bool(held or owns) and config.power_budget_w is None and loop_owner is None
+    # A working phase too short to switch any domain runs at the clocks this one leaves (a
+    # 1 ms postprocess on the CPU clock inference left at its floor, under a budget).
+    shares = any(
+        not any(switchable(spec, t, config.min_phase_factor) for n, spec in domains.items() if n not in locked)
+        for p, t in book.shortest.items() if p not in (phase, Phase.IDLE)
+    )
+    owns_loop = bool(held or owns or shares) and loop_owner is None
     slow = frozenset(d for d in tune if not switchable(domains[d], expected, config.min_phase_factor))
     return TunePlan(tune, slow, owns_loop)
 
@@ -116,14 +124,20 @@ class LoopUnit:
     """The clocks the owner set."""
     valid: bool
     """False once anything in the loop ran at other clocks (a settle, a re-decision)."""
+    peak: bool = False
+    """The unit's power is its hungriest working phase's mean power (under a power budget,
+    which caps each phase), not the loop's energy over its work time."""
     seconds: float = 0.0
     energy_j: float = 0.0
+    peak_w: float = 0.0
 
     def add(self, phase: Phase, seconds: float, energy_j: float, *, dirty: bool) -> None:
         """A phase of the loop ended (``dirty``: it was re-decided while it ran)."""
         # Idle time is not work (the bound is on work time), its energy is the loop's.
         if phase is not Phase.IDLE:
             self.seconds += seconds
+            if seconds > 0:
+                self.peak_w = max(self.peak_w, energy_j / seconds)
         self.energy_j += energy_j
         if dirty:
             self.valid = False
@@ -132,7 +146,7 @@ class LoopUnit:
         """The loop as one unit of work (None: not a valid one)."""
         if not self.valid or self.seconds <= 0 or self.point is None:
             return None
-        return Measurement(self.seconds, self.energy_j / self.seconds)
+        return Measurement(self.seconds, self.peak_w if self.peak else self.energy_j / self.seconds)
 
 
 class PhaseTuning:
