@@ -114,3 +114,53 @@ def test_short_phases_under_a_budget_run_at_the_clocks_the_loop_owner_tuned() ->
     slow.set_frequency("cluster0", floor)
     slow.set_frequency("cluster4", floor)
     assert _run(slow, None, 200) > governed_s * 1.1
+
+
+ORIN_TRAIN = [
+    (Phase.DATA, PhaseWork({"cluster0": 50 * M, "cluster4": 50 * M}, 0.3 * G, overlap=0.9)),
+    (Phase.FORWARD, PhaseWork({"gpu": 75 * M, "cluster0": 75 * M, "cluster4": 85 * M}, 3.0 * G, overlap=0.85)),
+    (Phase.BACKWARD, PhaseWork({"gpu": 95 * M, "cluster0": 140 * M, "cluster4": 160 * M}, 11.0 * G, overlap=0.85)),
+    (Phase.OPTIMIZER_STEP, PhaseWork({"gpu": 5 * M, "cluster0": 10 * M}, 1.5 * G, fixed_s=0.006, overlap=0.9)),
+]
+
+
+def _tune_train(guarded: bool, budget: float) -> tuple[dict[Phase, set[int]], float, int, Governor]:
+    """Tune the training loop under ``budget``; per phase the EMC rates measured, the peak
+    true board power, the ticks spent over the budget."""
+    board = SimBoard("orin-nx", ambient_c=45.0, seed=2)
+    peak = [0.0]
+    over = [0]
+    emc: dict[Phase, set[int]] = {}
+    cfg = GovernorConfig(power_budget_w=budget, guarded_probes=guarded)
+    with Governor.simulated(board, config=cfg) as gov:
+        def tick(b: SimBoard) -> None:
+            gov.tick()
+            p = b.total_power_w()
+            peak[0] = max(peak[0], p)
+            over[0] += p > budget
+
+        for _ in range(2000):
+            for phase, work in ORIN_TRAIN:
+                gov.on_phase(phase)
+                board.execute(work, tick_s=0.05, on_tick=tick)
+            for ph, tuner in gov.engine._tuning.tuners.items():
+                emc.setdefault(ph, set()).update(p["memory"] for p in tuner._samples)
+            if gov.engine.tuning_done:
+                break
+        assert gov.engine.tuning_done
+    return emc, peak[0], over[0], gov
+
+
+def test_guarded_probes_try_the_step_the_bounds_refuse_and_stop_over_the_budget() -> None:
+    budget = 10.0
+    strict, strict_peak, strict_over, _ = _tune_train(False, budget)
+    guarded, guarded_peak, guarded_over, gov = _tune_train(True, budget)
+    # Orin's EMC 665.6 -> 2133 MHz: no bound within the margin allows it for BACKWARD at 10 W...
+    assert 2_133_000_000 not in strict[Phase.BACKWARD]
+    assert strict_peak <= budget and strict_over == 0
+    # ... a guarded probe measures it (it fits: about 9.6 W).
+    assert 2_133_000_000 in guarded[Phase.BACKWARD]
+    # The probes that read over the budget were stopped at that reading: over it for a few
+    # 50 ms ticks in all, by at most the probe's 10 % slack.
+    assert guarded_peak <= budget * 1.10
+    assert guarded_over <= 3 * gov.engine._probes_stopped + 1

@@ -116,6 +116,8 @@ class GovernorEngine:
         self._phase_tuning = False
         self._phase_tuning_point: OperatingPoint | None = None
         self._phase_settling = False
+        self._phase_guarded = False
+        self._probes_stopped = 0
         self._phase_dirty = False
 
         self._last_decision: Decision | None = None
@@ -235,10 +237,14 @@ class GovernorEngine:
             tuning.start(phase, domains=self.domains, locked=self._clocks.locked, config=self.config,
                          dwell_s=self.dwell_s)
         tuning_point = None
-        if phase in tuning.tuners and not self._thermal_pressure():
-            tuning_point = tuning.propose(phase)
+        if phase in tuning.tuners:
+            # Tuned under the guard's pressure too: a board at its thermal steady state is
+            # under it for good (PhaseTuning.propose); only a zone near its trip holds it.
+            tuning_point = tuning.propose(phase, hold=self._guard.near_trip())
         self._phase_tuning = tuning_point is not None
         self._phase_tuning_point = tuning_point
+        tuner = tuning.tuners.get(phase)
+        self._phase_guarded = tuning_point is not None and tuner is not None and tuner.guarded(tuning_point)
         decision = self._decide(phase, tuning_point)
         self._phase_point = OperatingPoint.of(dict(self._clocks.current))
         # A slow domain written now reaches its new clock only part-way through the phase
@@ -262,6 +268,10 @@ class GovernorEngine:
         self._observe(self.port.sample())
         self._verify()
         self._published.update(self.port.now(), self._phase, self._clocks.current, self.locked)
+        budget = self.config.power_budget_w
+        power = self._meter.power_w
+        if self._phase_guarded and self._phase_tuning and budget is not None and power is not None and power > budget:
+            return self._stop_probe(power)
         after = self.power_cap()
         if self._phase is None or before == after:
             return None
@@ -272,6 +282,23 @@ class GovernorEngine:
             self._phase_dirty = True
             self._phase_tuning = False
         return decision
+
+    def _stop_probe(self, power_w: float) -> Decision:
+        """A guarded probe read over the budget: the tuner drops it, the phase goes back to the
+        centre the probe stepped from (measured, so within the budget) and is not measured."""
+        phase = self._phase
+        assert phase is not None
+        tuner = self._tuning.tuners.get(phase)
+        point = self._phase_tuning_point
+        if tuner is not None and point is not None:
+            tuner.reject(point, power_w)
+        log.info("governor: %s: guarded probe %s stopped at %.2f W (budget %s W)", phase, point, power_w,
+                 self.config.power_budget_w)
+        self._probes_stopped += 1
+        self._phase_guarded = False
+        self._phase_tuning = False
+        self._phase_dirty = True
+        return self._decide(phase, tuner.center if tuner is not None else None)
 
     def _thermal_pressure(self) -> bool:
         return self._guard.pressure(self._meter.max_smooth_w)
@@ -303,6 +330,8 @@ class GovernorEngine:
     # -- decide and apply -----------------------------------------------------------------
 
     def _decide(self, phase: Phase, tuning_point: OperatingPoint | None) -> Decision:
+        if tuning_point is None and self._phase_tuning and phase is self._phase:
+            tuning_point = self._tuning_kept(phase)
         inp = DecisionInput(
             phase=phase,
             domains=MappingProxyType(self.domains),
@@ -341,6 +370,21 @@ class GovernorEngine:
         self._log(decision, inp.current)
         self._apply(decision.writes)
         return decision
+
+    def _tuning_kept(self, phase: Phase) -> OperatingPoint | None:
+        """The tuning point of the occurrence in progress, if a re-decision under the thermal
+        cap may keep it (else None: the guard decides, the occurrence measures nothing).
+
+        One occurrence at a tuning point is too short to heat a zone much, and a board at
+        its thermal steady state has the cap move at every reading: dropping the point
+        whenever it moved would never let an occurrence be measured. So the point stays
+        unless a zone is within half the margin of its trip (:meth:`ThermalGuard.near_trip`).
+        """
+        point = self._phase_tuning_point
+        tuner = self._tuning.tuners.get(phase)
+        if point is None or tuner is None:
+            return None
+        return None if self._guard.near_trip() else point
 
     def _dwelling(self, phase: Phase) -> bool | None:
         return may_switch(phase, self._book.expected, self.dwell_s)
@@ -418,5 +462,7 @@ class GovernorEngine:
             decisions_logged=self._logged,
             elapsed_s=0.0 if self._t_start is None else max(0.0, self.port.now() - self._t_start),
             peak_temp_c=MappingProxyType(dict(self._meter.peak_temp_c)),
+            tuning_cut_short=tuple(sorted(self._tuning.cut_short)),
+            tuning_held=self._tuning.held,
         )
 

@@ -63,6 +63,12 @@ class GovernorStatistics:
     """Port seconds since the governor started (what writes per second are over)."""
     peak_temp_c: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """The hottest each thermal zone read while governed."""
+    tuning_cut_short: tuple[Phase, ...] = ()
+    """Phases whose auto-tune the effort bound ended: on the best point measured by then
+    (tuned) or, with nothing measured, untunable (:meth:`PhaseTuning.propose
+    <hetsched._governor._tuning.PhaseTuning.propose>`)."""
+    tuning_held: int = 0
+    """Occurrences of a phase being tuned left to the thermal guard (a zone near its trip)."""
 
     def writes_per_domain_per_s(self) -> dict[str, float]:
         """Writes per domain per second of the run so far (empty before any time passed)."""

@@ -344,8 +344,41 @@ class SysfsPort:
                 for d, kn, _ in pending:
                     self._restore_domain(d, kn)
         if pending:
-            log.warning("governor: knobs of %s did not read back as saved after restoring",
-                        ", ".join(d.spec.name for d, _, _ in pending))
+            self._report_unsettled(pending, read)
+
+    @staticmethod
+    def _report_unsettled(pending: list[tuple[_Domain, Knobs, dict[str, bytes]]],
+                          read: Callable[[str], bytes | None]) -> None:
+        """Log each knob still not as saved after the wait: path, saved bytes, read-back bytes.
+
+        A warning when a knob the restore writes is off: its clock is left changed. A set-speed
+        file off while every written knob reads back as saved is none: the kernel renders
+        ``scaling_setspeed`` from the policy's governor (``show_scaling_setspeed`` in
+        ``drivers/cpufreq/cpufreq.c`` prints ``<unsupported>`` unless the governor has
+        ``show_setspeed``), nothing can write it, and it follows the restored governor at the
+        kernel's next update: at once on a board, at the next poll on a twin (one advanced by
+        hand, or a task of the event loop this restore holds, has not polled meanwhile). That
+        is logged at info level.
+        """
+        changed: dict[str, list[str]] = {}
+        rendered: list[str] = []
+        for d, kn, ex in pending:
+            written = expected_knobs(kn)
+            for p, v in ex.items():
+                now = read(p)
+                if now == v:
+                    continue
+                what = f"{d.spec.name} {p}: saved {v!r}, reads {now!r}"
+                if p in written:
+                    changed.setdefault(d.spec.name, []).append(what)
+                else:
+                    rendered.append(what)
+        if changed:
+            log.warning("governor: knobs of %s did not read back as saved after restoring: %s",
+                        ", ".join(changed), "; ".join([w for ws in changed.values() for w in ws] + rendered))
+        elif rendered:
+            log.info("governor: restored; the kernel has not re-rendered from the restored governor yet "
+                     "(it does at its next update): %s", "; ".join(rendered))
 
     def _restore_domain(self, d: _Domain, knobs: Knobs) -> dict[str, SysfsError | str]:
         """Write one domain's knobs back (:func:`write_back`): path -> why not, for each that failed."""

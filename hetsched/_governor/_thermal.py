@@ -245,6 +245,7 @@ class ThermalGuard:
         self._windows: dict[str, ZoneWindow] = {}
         self._limits: dict[str, float] = {}
         self._slopes: dict[str, float] = {}
+        self._temps: dict[str, float] = {}
 
     def observe(
         self, t: float, snap: Snapshot, power: float | None, dt: float, *, smooth_w: float | None, phase_s: float
@@ -276,6 +277,7 @@ class ThermalGuard:
 
     def _update_cap(self, snap: Snapshot, smooth_w: float | None, phase_s: float) -> None:
         temps = {n: z.temp_c for n, z in snap.zones.items() if z.temp_c is not None}
+        self._temps.update(temps)
         horizon = max(self.config.thermal_horizon_s, phase_s)
         cap, zone = zone_power_cap(
             self._fits, temps, self._limits, horizon_s=horizon, power_now_w=smooth_w,
@@ -292,6 +294,12 @@ class ThermalGuard:
         elif cap > old * (1.0 + self.config.cap_hysteresis):
             self.cap_w = None if math.isinf(cap) else cap
         self.zone = zone if self.cap_w is not None else None
+
+    def near_trip(self) -> bool:
+        """A zone read (last) past half of ``thermal_margin_c`` over its limit: within half the
+        margin of its passive trip, where nothing but the guard's cap of the moment may run."""
+        half = 0.5 * self.config.thermal_margin_c
+        return any(self._temps.get(z, -math.inf) > limit + half for z, limit in self._limits.items())
 
     def pressure(self, max_power_w: float) -> bool:
         """The cap is below the most the board has drawn (smoothed): the guard is holding it back."""

@@ -28,7 +28,13 @@ samples and that correction: :mod:`._tuner_book`).
 Under a power cap the first centre is the lowest point and axes are swept upwards,
 stopping before a step whose power, extrapolated from the last two, would break the
 cap: every point not measured yet must have a power *bound* (not a prediction) at least
-``_EXPLORE_MARGIN`` under the cap (the bounds: :mod:`._tuner_bounds`).
+``_EXPLORE_MARGIN`` under the cap (the bounds: :mod:`._tuner_bounds`). Those bounds stop
+a climb short of a coarse step (Orin's EMC 665 -> 2133 MHz at 10 W, worth a third more
+training throughput): with ``guarded``, a step refused by those bounds whose physical bound
+is at most ``_GUARD_SLACK`` over the cap runs as a *guarded probe*
+(:meth:`AxisTuner.guarded`): its driver watches the power while it runs and stops it at the
+first reading over the cap (:meth:`AxisTuner.reject`), so the cap may be exceeded for up to
+one telemetry reading, while tuning only.
 """
 
 from __future__ import annotations
@@ -52,11 +58,18 @@ class TunerStatistics:
     points: int
     passes_done: int
     done: bool
+    measurement_limit: int = 0
+    """The most measurements the tuner takes (:attr:`AxisTuner.measurement_limit`)."""
+    cut_short: bool = False
+    """Ended by :meth:`AxisTuner.finish` (the effort bound), on the best point measured by then."""
 
 
 _BUDGET_PASSES = 3
 """At least this many passes under a power budget (they stop early once the centre stays)."""
 _EXPLORE_MARGIN = 0.05
+_GUARD_SLACK = 0.10
+"""A guarded probe's physical power bound may be this far over the cap: what it can cost is
+one telemetry reading that far over, before it is stopped."""
 """Under a cap, a point not measured yet is tried only if its power bound is this far under it
 (bounds from neighbours off the axes are not tight; a phase's mean hides its peaks)."""
 _EXTRA_PASSES = 4
@@ -86,6 +99,8 @@ class AxisTuner:
         passes: int = 2,
         repeats: int = 2,
         objective: Objective | None = None,
+        guarded: bool = False,
+        max_measurements: int | None = None,
     ) -> None:
         if not tune:
             raise GovernorError("auto-tune needs at least one domain to sweep")
@@ -116,6 +131,12 @@ class AxisTuner:
         self._done = False
         self._chosen: OperatingPoint | None = None
         self._model: PhaseModel | None = None
+        self._last_model: PhaseModel | None = None
+        self._cut_short = False
+        self._limit = max_measurements if max_measurements is not None else self._natural_limit()
+        self._guarded_ok = guarded and power_cap_w is not None
+        self._guarded: set[OperatingPoint] = set()
+        self._rejected: dict[OperatingPoint, float] = {}
         if power_cap_w is None:
             start = OperatingPoint.of({d: s.max_hz for d, s in self._specs.items()})
         else:
@@ -165,11 +186,17 @@ class AxisTuner:
             d, up, down, rechecked = self._pending[0]
             while up:
                 hz = up[0]
-                if self._cap is not None and self._extrapolated_power(d, hz) > self._cap * (1 - _EXPLORE_MARGIN):
+                point = self._center.with_(d, hz)
+                if point in self._rejected:
                     up.clear()
                     break
+                if self._cap is not None and self._extrapolated_power(d, hz) > self._cap * (1 - _EXPLORE_MARGIN):
+                    if not self._guardable(d, hz):
+                        up.clear()
+                        break
+                    self._guarded.add(point)
                 up.pop(0)
-                return self._center.with_(d, hz)
+                return point
             if down:
                 return self._center.with_(d, down.pop(0))
             if not rechecked[0] and self._axes[d]:
@@ -182,6 +209,47 @@ class AxisTuner:
             if self._probe is not None:
                 return self._probe
         return self._end_pass()
+
+    def _guardable(self, d: str, hz: int) -> bool:
+        """Whether ``hz`` on ``d``'s axis may run as a guarded probe (see :meth:`guarded`): its
+        physical bound alone (the phase's dynamic power drawn as much faster as the clock
+        ratio allows) is at most ``_GUARD_SLACK`` over the cap."""
+        if not self._guarded_ok or self._cap is None or not self._samples.get(self._center):
+            return False
+        axis = {f: m for f, m in self._axes[d].items() if f < hz}
+        axis[self._center[d]] = Measurement.combine(self._samples[self._center])
+        below = max((f for f in axis if f < hz), default=None)
+        if below is None:
+            return False
+        return self._scaled(axis[below].power_w, hz / below) <= self._cap * (1 + _GUARD_SLACK)
+
+    def guarded(self, point: OperatingPoint) -> bool:
+        """Whether ``point`` is a *guarded probe*: a step up an axis whose conservative power
+        bound is over the cap's margin though its physical bound fits (Orin's EMC 665 ->
+        2133 MHz at 10 W). Its driver must watch the power while it runs and call
+        :meth:`reject` as soon as a reading is over the cap."""
+        return point in self._guarded and point not in self._samples
+
+    def reject(self, point: OperatingPoint, power_w: float) -> None:
+        """The driver stopped a guarded probe at ``point``: ``power_w`` was read over the cap.
+        It is never proposed again, nor anything above it on its axis in this pass."""
+        self._rejected[point] = power_w
+        self._guarded.discard(point)
+        for d, up, _down, _rechecked in self._pending:
+            if point == self._center.with_(d, point[d]):
+                up.clear()
+        if self._current == point:
+            self._current = None
+
+    @property
+    def center(self) -> OperatingPoint:
+        """The centre of the pass in progress (measured first in every pass)."""
+        return self._center
+
+    @property
+    def rejected(self) -> Mapping[OperatingPoint, float]:
+        """Guarded probes stopped over the cap, with the power read."""
+        return MappingProxyType(self._rejected)
 
     def _joint_probe(self) -> OperatingPoint | None:
         """The centre with every domain whose own axis bought no time raised together (or None).
@@ -251,6 +319,7 @@ class AxisTuner:
         ch = self._safe(ch, model)
         self._prev_axes = {d: dict(a) for d, a in model.axes.items()}
         self._prev_center = model.center
+        self._last_model = model
         probe = self._probe
         if probe is not None and self._samples.get(probe) and self._extra_passes < _EXTRA_PASSES:
             pm = Measurement.combine(self._samples[probe])
@@ -342,10 +411,14 @@ class AxisTuner:
     # -- measurements -------------------------------------------------------------
 
     def record(self, point: OperatingPoint, measurement: Measurement) -> None:
-        """One unit of work measured at ``point`` (points not asked for are ignored)."""
+        """One unit of work measured at ``point`` (points not asked for are ignored); the
+        :attr:`measurement_limit`-th ends the tuning (:meth:`finish`)."""
         if self._done:
             return
         self._book.add(point, measurement)
+        if self._book.count >= self._limit:
+            self.finish()
+            return
         if self._stage == "center" and point == self._center:
             self._stage = "axes"
         elif point != self._center:
@@ -354,6 +427,52 @@ class AxisTuner:
                     if len(self._samples[point]) >= 1:
                         self._axes[d][point[d]] = Measurement.combine(self._samples[point])
                     break
+
+    # -- effort bound ----------------------------------------------------------------
+
+    def _natural_limit(self) -> int:
+        """Generous room for every pass a tune may take (its centres, axes, re-checks, joint
+        probes, one pass more than asked and the verifications), each point repeated."""
+        per_pass = sum(min(self._levels, len(s.available_hz)) + 1 for s in self._specs.values()) + 2
+        return self._repeats * ((self._passes + 2) * per_pass + 4)
+
+    @property
+    def measurement_limit(self) -> int:
+        """The most measurements this tuner takes: the one that reaches it ends the tuning."""
+        return self._limit
+
+    def finish(self) -> bool:
+        """End the tuning now with the best point measured so far (the effort bound).
+
+        The model is the latest one the measurements give (the pass in progress, else the
+        last finished pass's); its ``best`` is the best point measured within the bounds,
+        or the least power measured if none is within the cap. Returns False, and leaves
+        the tuner as it was, when there is nothing to build on (no pass centre measured).
+        """
+        if self._done:
+            return True
+        if self._samples.get(self._center):
+            model = self._build_model()
+        elif self._model is not None:
+            model = self._model
+        elif self._last_model is not None:
+            model = self._last_model
+        else:
+            return False
+        measured = self._book.measured()
+        best, best_m = self._best_measured(model.slowdown_reference_s)
+        if best is None or best_m is None:
+            best, best_m = min(measured, key=lambda pm: pm[1].power_w)
+        self._model = replace(fit_coupling(model, measured), best=best, best_measured=best_m)
+        self._chosen = best
+        self._cut_short = True
+        self._done = True
+        return True
+
+    @property
+    def cut_short(self) -> bool:
+        """Ended by :meth:`finish` rather than by converging."""
+        return self._cut_short
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -370,5 +489,6 @@ class AxisTuner:
 
     def statistics(self) -> TunerStatistics:
         return TunerStatistics(
-            measurements=self._book.count, points=len(self._samples), passes_done=self._pass, done=self._done
+            measurements=self._book.count, points=len(self._samples), passes_done=self._pass, done=self._done,
+            measurement_limit=self._limit, cut_short=self._cut_short,
         )

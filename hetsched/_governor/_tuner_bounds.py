@@ -7,7 +7,8 @@ phase drawing its dynamic power as much faster as the clock ratio allows (:func:
 off the axes (joint probe, next centre) the same from a measured point below it
 (:func:`off_axis_bound`). So tuning keeps to the budget, at the price of the last few
 percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no bound lets that step
-be tried at 10 W).
+be tried at 10 W, unless as a guarded probe: :meth:`AxisTuner.guarded
+<hetsched._governor._tuner.AxisTuner.guarded>`).
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ __all__ = ["LoopUnit", "PhaseTuning", "TunePlan", "plan_tuning"]
 
 log = logging.getLogger("hetsched.governor")
 
+OCCURRENCES_PER_MEASUREMENT = 3
+"""Occurrences of a phase a tuner may take per measurement it is allowed (settle runs and
+runs re-decided under a cap measure nothing): the bound on tuning effort."""
+
 TUNE_AFTER = 3
 """Occurrences of a phase before its tuning starts: the first run under the kernel's
 governors, the next ones at the top clocks (what the phase's length is judged on)."""
@@ -168,6 +172,13 @@ class PhaseTuning:
         self.loop_acc: LoopUnit | None = None
         self.measurements = 0
         """Tuning measurements handed to a tuner so far."""
+        self.cut_short: set[Phase] = set()
+        """Phases whose tuning the effort bound ended (on the best point measured by then, or
+        untunable with nothing measured): see :meth:`propose`."""
+        self.held = 0
+        """Occurrences of a phase being tuned that the thermal guard decided instead (a zone
+        near its trip): see :meth:`propose`."""
+        self._occurrences: dict[Phase, int] = {}
 
     def start(
         self,
@@ -191,6 +202,7 @@ class PhaseTuning:
         if plan.owns_loop:
             self.loop_owner = phase
         self.slow[phase] = plan.slow
+        self._occurrences[phase] = 0
         self.tuners[phase] = AxisTuner(
             domains,
             plan.tune,
@@ -199,6 +211,7 @@ class PhaseTuning:
             levels=config.tune_levels,
             passes=config.tune_passes,
             repeats=config.tune_repeats,
+            guarded=config.guarded_probes,
         )
 
     def slowdown_for(self, phase: Phase, config: GovernorConfig) -> float:
@@ -210,11 +223,41 @@ class PhaseTuning:
             shortest=self._book.shortest, settled=set(self._models) | self.untunable,
         )
 
-    def propose(self, phase: Phase) -> OperatingPoint | None:
-        """The point ``phase``'s tuner asks for (None: not tuning; a tuner that is done
-        leaves its model in ``models``)."""
+    def propose(self, phase: Phase, *, hold: bool = False) -> OperatingPoint | None:
+        """The point ``phase``'s tuner asks for (None: not tuning now; a tuner that is done
+        leaves its model in ``models``).
+
+        Hot board. Tuning goes on while the thermal guard holds the board back (on a board
+        at its thermal steady state it does so for good): a tuning point runs for one
+        occurrence of the phase, too short to heat a zone much, and the guard's cap still
+        decides every other phase, and every decision once the phase is tuned. Only with
+        ``hold`` (a zone within half the thermal margin of its trip,
+        :meth:`~hetsched._governor._thermal.ThermalGuard.near_trip`) is the occurrence
+        left to the guard: not a tuning one, counted in :attr:`held`.
+
+        Effort bound. Every occurrence counts, whether it measured anything or not (held,
+        a settle run, a run re-decided under a cap); past
+        :data:`OCCURRENCES_PER_MEASUREMENT` times the tuner's
+        :attr:`~hetsched._governor._tuner.AxisTuner.measurement_limit`, the tuning ends on
+        the best point measured (:meth:`AxisTuner.finish
+        <hetsched._governor._tuner.AxisTuner.finish>`), or, with nothing measured to build
+        on, the phase is marked untunable. Either way it is in :attr:`cut_short`. A tuner
+        also ends by itself at its measurement limit.
+        """
         tuner = self.tuners.get(phase)
         if tuner is None:
+            return None
+        n = self._occurrences.get(phase, 0) + 1
+        self._occurrences[phase] = n
+        if n > OCCURRENCES_PER_MEASUREMENT * tuner.measurement_limit:
+            self.cut_short.add(phase)
+            if not tuner.finish():
+                log.warning("governor: %s: tuning measured nothing in %d occurrences: left untuned", phase, n - 1)
+                del self.tuners[phase]
+                self.untunable.add(phase)
+                return None
+        elif hold:
+            self.held += 1
             return None
         point = tuner.propose()
         if point is None:
@@ -223,7 +266,9 @@ class PhaseTuning:
                 if phase is self.loop_owner:
                     model = replace(model, unit="loop")
                 self._models[phase] = model
-                log.info("governor: %s tuned: %s", phase, model.best)
+                if tuner.cut_short:
+                    self.cut_short.add(phase)
+                log.info("governor: %s tuned%s: %s", phase, " (effort bound)" if tuner.cut_short else "", model.best)
             del self.tuners[phase]
         return point
 
