@@ -369,8 +369,10 @@ def warm_board(soc: str, steps: Sequence[Step], period: float | None, ambient_c:
 def tune_profile(soc: str, steps: Sequence[Step], period: float | None, config: GovernorConfig, workload: str,
                  *, ambient_c: float, warmup_s: float = 0.0) -> tuple[GovernorProfile, float]:
     """The one-off calibration: the governor auto-tunes online on a fresh board (cool unless
-    ``warmup_s``: a tune started on a board at the hot steady state had not finished after 2000
-    training iterations and left no phase tuned; the calibration is a one-off, done cool)."""
+    ``warmup_s``). A tune started at the hot steady state (``warmup_s`` = the cases' warm-up)
+    finishes too, without throttling more than the untuned governor, but its measurements run
+    under the thermal guard and drift with it: its profile comes out slightly dearer in the hot
+    window than the cool one, so the calibration is done cool, as a one-off would be."""
     board = warm_board(soc, steps, period, ambient_c, warmup_s, seed=2)
     t0 = board.time_s
     pol = Hetsched(None, config, autotune=True)

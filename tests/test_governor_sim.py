@@ -55,7 +55,10 @@ def test_power_budget_is_never_exceeded_in_simulation() -> None:
     def probe(b: SimBoard) -> None:
         peak[0] = max(peak[0], b.total_power_w())
 
-    with Governor.simulated(board, config=GovernorConfig(power_budget_w=budget, tune_repeats=1)) as gov:
+    # Strict: no guarded probes, so not even tuning runs over the budget (with them, a probe
+    # may for one telemetry period: tests/test_governor_loop_budget.py).
+    cfg = GovernorConfig(power_budget_w=budget, tune_repeats=1, guarded_probes=False)
+    with Governor.simulated(board, config=cfg) as gov:
         _train(board, gov, ORIN_TRAIN, 600.0, probe)
         st = gov.statistics()
     assert gov.engine.tuning_done and set(st.tuned_phases) == {p for p, _ in ORIN_TRAIN}

@@ -21,6 +21,14 @@ phase (its *owner*, INFER for inference) then sets every domain once for the who
 the only phase tuned, and is tuned on the loop (its work time; the energy of the whole
 loop, the waits included), so the steady state writes only when the decision changes.
 Writes that lower a clock under a power or thermal cap are never held back.
+
+Hot board. Auto-tune goes on while the thermal guard holds the board back (started on a
+board at its thermal steady state, it always does): each tuning point runs for one
+occurrence of its phase, the guard's cap decides the rest, and a re-decision under a cap
+that moved keeps the point; only a zone within half the thermal margin of its trip hands
+the occurrence to the guard. Tuning effort is bounded (:meth:`PhaseTuning.propose
+<hetsched._governor._tuning.PhaseTuning.propose>`): a tune that takes too long ends on the
+best point it measured, ``GovernorStatistics.tuning_cut_short`` names those phases.
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ is at most ``_GUARD_SLACK`` over the cap runs as a *guarded probe*
 (:meth:`AxisTuner.guarded`): its driver watches the power while it runs and stops it at the
 first reading over the cap (:meth:`AxisTuner.reject`), so the cap may be exceeded for up to
 one telemetry reading, while tuning only.
+
+Effort is bounded: the measurement that reaches :attr:`AxisTuner.measurement_limit` ends the
+tuning on the best point measured (:meth:`AxisTuner.finish`, also what a driver calls when
+the tuning has taken too many occurrences, :meth:`PhaseTuning.propose
+<hetsched._governor._tuning.PhaseTuning.propose>`).
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from .._errors import GovernorError
 from ._model import Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
 from ._points import DomainSpec, OperatingPoint
 from ._tuner_book import SampleBook, best_measured
-from ._tuner_bounds import axis_power_bound, off_axis_bound, scaled
+from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound, scaled
 
 __all__ = ["AxisTuner", "TunerStatistics"]
 
@@ -133,7 +138,7 @@ class AxisTuner:
         self._model: PhaseModel | None = None
         self._last_model: PhaseModel | None = None
         self._cut_short = False
-        self._limit = max_measurements if max_measurements is not None else self._natural_limit()
+        self._limit = max_measurements or measurement_limit(self._specs.values(), levels, self._passes, repeats)
         self._guarded_ok = guarded and power_cap_w is not None
         self._guarded: set[OperatingPoint] = set()
         self._rejected: dict[OperatingPoint, float] = {}
@@ -429,12 +434,6 @@ class AxisTuner:
                     break
 
     # -- effort bound ----------------------------------------------------------------
-
-    def _natural_limit(self) -> int:
-        """Generous room for every pass a tune may take (its centres, axes, re-checks, joint
-        probes, one pass more than asked and the verifications), each point repeated."""
-        per_pass = sum(min(self._levels, len(s.available_hz)) + 1 for s in self._specs.values()) + 2
-        return self._repeats * ((self._passes + 2) * per_pass + 4)
 
     @property
     def measurement_limit(self) -> int:

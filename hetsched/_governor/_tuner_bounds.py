@@ -9,17 +9,19 @@ off the axes (joint probe, next centre) the same from a measured point below it
 percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no bound lets that step
 be tried at 10 W, unless as a guarded probe: :meth:`AxisTuner.guarded
 <hetsched._governor._tuner.AxisTuner.guarded>`).
+
+The bound on effort is here too (:func:`measurement_limit`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ._model import Measurement, PhaseModel, _interp
-from ._points import OperatingPoint
+from ._points import DomainSpec, OperatingPoint
 
-__all__ = ["axis_power_bound", "off_axis_bound", "scaled"]
+__all__ = ["axis_power_bound", "measurement_limit", "off_axis_bound", "scaled"]
 
 
 def scaled(power_w: float, ratio: float, samples: Mapping[OperatingPoint, Sequence[Measurement]]) -> float:
@@ -97,3 +99,11 @@ def off_axis_bound(
             ratio = max(ratio, hz / yd)
         bound = min(bound, scaled(p, ratio, samples))
     return bound
+
+
+def measurement_limit(specs: Iterable[DomainSpec], levels: int, passes: int, repeats: int) -> int:
+    """The most measurements a tune takes: generous room for every pass it may run (centres,
+    axes, re-checks, joint probes, two passes more than asked, the verifications), each point
+    ``repeats`` times. The tuner that reaches it ends on the best point measured."""
+    per_pass = sum(min(levels, len(s.available_hz)) + 1 for s in specs) + 2
+    return repeats * ((passes + 2) * per_pass + 4)
