@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _twin_process import twin_process
 
 from hetsched.testing import dvfs_knobs
 
@@ -43,19 +44,8 @@ def _cli(*args: str) -> list[str]:
 def live_twin(tmp_path: Path):
     root = tmp_path / "board"
     root.mkdir()
-    twin = subprocess.Popen(_cli("twin", "rk3588", "--root", str(root)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not (root / "sys/devices/system/cpu/cpufreq/policy4/scaling_governor").exists():
-            if time.monotonic() > deadline or twin.poll() is not None:
-                raise AssertionError("the twin did not start")
-            time.sleep(0.05)
-        time.sleep(0.3)  # one full update, so every file is written
+    with twin_process("rk3588", root, "sys/devices/system/cpu/cpufreq/policy4/scaling_governor"):
         yield root
-    finally:
-        twin.send_signal(signal.SIGTERM)
-        twin.wait(timeout=30)
 
 
 def test_governed_run_restores_every_knob(live_twin: Path) -> None:

@@ -164,3 +164,33 @@ def test_guarded_probes_try_the_step_the_bounds_refuse_and_stop_over_the_budget(
     # 50 ms ticks in all, by at most the probe's 10 % slack.
     assert guarded_peak <= budget * 1.10
     assert guarded_over <= 3 * gov.engine._probes_stopped + 1
+
+
+def test_under_a_budget_a_slow_domain_left_above_the_tuned_point_is_lowered() -> None:
+    from hetsched._governor._model import Measurement, PhaseModel
+
+    domains = MappingProxyType({
+        "cluster0": DomainSpec("cluster0", "cpu", (729_600_000, 1_984_000_000), 0.001),
+        "memory": DomainSpec("memory", "memory", (665_600_000, 3_199_000_000), 0.008),
+    })
+    best = OperatingPoint.of({"cluster0": 1_984_000_000, "memory": 665_600_000})
+    at = Measurement(0.027, 14.39)
+    model = PhaseModel(
+        center=best, at_center=at, reference_s=0.027, best=best, best_measured=at,
+        axes=MappingProxyType({
+            "cluster0": MappingProxyType({729_600_000: Measurement(0.027, 13.05), 1_984_000_000: at}),
+            "memory": MappingProxyType({665_600_000: at, 3_199_000_000: Measurement(0.026, 14.94)}),
+        }),
+    )
+    # The backward pass before left the EMC at its top; a 27 ms phase is short for its 8 ms switch.
+    current = MappingProxyType({"cluster0": 729_600_000, "memory": 3_199_000_000})
+    inp = DecisionInput(phase=Phase.DATA, domains=domains, current=current,
+                        config=GovernorConfig(power_budget_w=15.0), model=model, expected_phase_s=0.027,
+                        power_cap_w=14.4)
+    d = decide(inp)
+    assert d.target.as_dict() == best.as_dict()
+    assert dict(d.writes) == {"cluster0": 1_984_000_000, "memory": 665_600_000}
+    # Without a budget a short phase leaves the slow domain where it is.
+    free = decide(DecisionInput(phase=Phase.DATA, domains=domains, current=current, config=GovernorConfig(),
+                                model=model, expected_phase_s=0.027))
+    assert "memory" not in free.writes

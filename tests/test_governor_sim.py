@@ -55,8 +55,8 @@ def test_power_budget_is_never_exceeded_in_simulation() -> None:
     def probe(b: SimBoard) -> None:
         peak[0] = max(peak[0], b.total_power_w())
 
-    # Strict: no guarded probes, so not even tuning runs over the budget (with them, a probe
-    # may for one telemetry period: tests/test_governor_loop_budget.py).
+    # Strict (the default; with guarded probes a probe may run over it for one telemetry
+    # period: tests/test_governor_loop_budget.py): not even tuning runs over the budget.
     cfg = GovernorConfig(power_budget_w=budget, tune_repeats=1, guarded_probes=False)
     with Governor.simulated(board, config=cfg) as gov:
         _train(board, gov, ORIN_TRAIN, 600.0, probe)

@@ -231,7 +231,7 @@ def test_power_budget_is_never_exceeded_tuning_included() -> None:
     budget = 8.0
     board = TableBoard(table())
     board.freq = {n: s.min_hz for n, s in board.specs.items()}
-    # Strict (no guarded probes): not even tuning runs over it.
+    # Strict (no guarded probes, the default): not even tuning runs over it.
     engine = GovernorEngine(board, config=GovernorConfig(power_budget_w=budget, tune_repeats=1, guarded_probes=False))
     engine.start()
     run_training(board, engine, 300)

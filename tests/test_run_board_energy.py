@@ -10,14 +10,11 @@ test records every snapshot the run took and integrates ``VDD_IN`` over them its
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _twin_process import twin_process
 
 from hetsched._cli import _run_governed, main
 from hetsched._cli._run_governed import BoardEnergy
@@ -30,19 +27,8 @@ from hetsched._twin.live import LiveTwin
 def live_orin(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "board"
     root.mkdir()
-    twin = subprocess.Popen([sys.executable, "-m", "hetsched", "twin", "orin-nx", "--root", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while not (root / "sys/kernel/debug/bpmp/debug/clk/emc/rate").exists():
-            if time.monotonic() > deadline or twin.poll() is not None:
-                raise AssertionError("the twin did not start")
-            time.sleep(0.05)
-        time.sleep(0.3)  # one full update, so every file is written
+    with twin_process("orin-nx", root, "sys/kernel/debug/bpmp/debug/clk/emc/rate"):
         yield root
-    finally:
-        twin.send_signal(signal.SIGTERM)
-        twin.wait(timeout=30)
 
 
 @pytest.fixture
