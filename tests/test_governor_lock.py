@@ -350,3 +350,22 @@ def test_a_failed_save_drops_the_lock(board: tuple[Path, dict[str, bytes]], monk
     assert port.locked
     port.restore(saved)
     assert not port.locked and not (root / "run").exists()
+
+
+def test_doctor_and_top_judge_a_reused_pid_by_the_lock(board: tuple[Path, dict[str, bytes]]) -> None:
+    from hetsched._cli._doctor_checks_read import findings, read_board
+    from hetsched._cli._top import read_session_view
+
+    root, _ = board
+    _killed_holder(root)
+    for name in (SAVED_FILE, STATE_FILE):
+        path = root / RUN_DIR / name
+        doc = json.loads(path.read_text())
+        doc["pid"] = 1  # pid 1 always runs: the killed governor's pid taken by another process
+        path.write_text(json.dumps(doc))
+    assert probe(SysfsRoot(root)).held is False
+    found = [f for f in findings(read_board(root, window_s=0)) if f.check == "governor"]
+    # Not "a hetsched governor runs (pid 1)": the clocks it left changed are reported.
+    assert found and all("runs" not in f.message for f in found)
+    assert any(f.status == "fail" and "died" in f.message for f in found)
+    assert read_session_view(SysfsRoot(root)).governor_alive is False

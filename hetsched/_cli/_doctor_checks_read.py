@@ -286,11 +286,18 @@ def read_board(
                 changed += [p for p, v in expected_knobs(knobs_of).items() if fs.read_bytes(p) != v]
         except (ValueError, HetschedError):
             pass
+    alive_of = {p: alive(p) for p in pids}
+    saved_pid = published.pid("saved")
+    if alive is pid_alive and published.saved is not None and saved_pid is not None:
+        from .._governor._restore import saved_owner_alive
+
+        # By the governor lock where the file was written under one: a pid may be reused.
+        alive_of[saved_pid] = saved_owner_alive(fs, published.saved)[0]
     jetson = platform.jetpack is not None or (platform.soc or "").startswith("orin")
     return BoardReading(
         root=str(fs.root), host_root=fs.is_host_root, live_twin=fs.is_dir(TWIN_DIR), soc=platform.soc,
         jetson=jetson, domains=tuple(limits), zones=tuple(zone_readings), sensors=sensors,
-        nvpmodel=_nvpmodel(fs), published=published, alive={p: alive(p) for p in pids}, changed=tuple(changed),
+        nvpmodel=_nvpmodel(fs), published=published, alive=alive_of, changed=tuple(changed),
         knobs=knobs, ungovernable=skipped, sdk=sdk if sdk is not None else read_sdks(),
         probe=_probe(fs, settle_s=probe_settle_s, sleep=sleep, clock=clock) if probe else None,
     )

@@ -108,9 +108,17 @@ def read_session_view(fs: Any) -> SessionView:
     pub = read_published(fs)
     pid = pub.pid("state")
     locked = pub.state.get("locked", []) if pub.state is not None else []
+    alive = pid is not None and pid_alive(pid)
+    if alive and pub.state is not None and not pub.state.get("dry_run"):
+        from hetsched._governor._lock import probe
+
+        # A governing one holds the root's lock: a reused pid over a dead one's file does not.
+        lock = probe(fs)
+        if lock.held is not None:
+            alive = lock.held and lock.pid in (None, pid)
     return SessionView(
         live_twin=live, reporters=tuple(pids), governor_pid=pid,
-        governor_alive=pid is not None and pid_alive(pid), phase=pub.phase, targets=dict(pub.targets),
+        governor_alive=alive, phase=pub.phase, targets=dict(pub.targets),
         locked=tuple(str(x) for x in locked) if isinstance(locked, list) else (),
     )
 
