@@ -163,7 +163,7 @@ def test_guarded_probes_try_the_step_the_bounds_refuse_and_stop_over_the_budget(
     # The probes that read over the budget were stopped at that reading: over it for a few
     # 50 ms ticks in all, by at most the probe's 10 % slack.
     assert guarded_peak <= budget * 1.10
-    assert guarded_over <= 3 * gov.engine._probes_stopped + 1
+    assert guarded_over <= 3 * gov.statistics().guarded_probes_stopped + 1
 
 
 def test_under_a_budget_a_slow_domain_left_above_the_tuned_point_is_lowered() -> None:

@@ -472,5 +472,6 @@ class GovernorEngine:
             peak_temp_c=MappingProxyType(dict(self._meter.peak_temp_c)),
             tuning_cut_short=tuple(sorted(self._tuning.cut_short)),
             tuning_held=self._tuning.held,
+            guarded_probes_stopped=self._probes_stopped,
         )
 

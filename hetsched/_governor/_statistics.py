@@ -69,6 +69,8 @@ class GovernorStatistics:
     <hetsched._governor._tuning.PhaseTuning.propose>`)."""
     tuning_held: int = 0
     """Occurrences of a phase being tuned left to the thermal guard (a zone near its trip)."""
+    guarded_probes_stopped: int = 0
+    """Guarded probes (``GovernorConfig.guarded_probes``) stopped at a reading over the budget."""
 
     def writes_per_domain_per_s(self) -> dict[str, float]:
         """Writes per domain per second of the run so far (empty before any time passed)."""

@@ -251,11 +251,6 @@ class AxisTuner:
         """The centre of the pass in progress (measured first in every pass)."""
         return self._center
 
-    @property
-    def rejected(self) -> Mapping[OperatingPoint, float]:
-        """Guarded probes stopped over the cap, with the power read."""
-        return MappingProxyType(self._rejected)
-
     def _joint_probe(self) -> OperatingPoint | None:
         """The centre with every domain whose own axis bought no time raised together (or None).
 
