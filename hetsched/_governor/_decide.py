@@ -33,7 +33,13 @@ class GovernorConfig:
     still meets the frame. Keep headroom for jitter (e.g. 0.85 x the frame period). None:
     ``slowdown`` alone (and for training loops, whose length is not a deadline)."""
     power_margin: float = 0.04
-    """Fraction of the budget kept free for prediction error."""
+    """Fraction of the budget kept free for prediction error: what a point not measured (a
+    model's prediction) must stay under is the budget less this."""
+    measured_margin: float = 0.01
+    """Fraction of the budget kept free above a point's *measured* settled power (sensor noise,
+    the board warming since): a point auto-tune ran, its power bounded after its clocks
+    switched, may use the budget up to this. The measured bias (what the board draws over the
+    measurement since) is added at every decision, so a warmer board drops the point."""
     thermal_margin_c: float = 2.0
     """Keep every zone this far below its (lowest) passive trip."""
     thermal_horizon_s: float = 2.0
@@ -72,6 +78,7 @@ class GovernorConfig:
             "power_budget_w": self.power_budget_w is None or self.power_budget_w > 0,
             "loop_deadline_s": self.loop_deadline_s is None or self.loop_deadline_s > 0,
             "power_margin": 0 <= self.power_margin < 0.5,
+            "measured_margin": 0 <= self.measured_margin < 0.5,
             "thermal_margin_c": self.thermal_margin_c >= 0,
             "thermal_horizon_s": self.thermal_horizon_s > 0,
             "thermal_window_s": self.thermal_window_s > 0,
@@ -91,6 +98,11 @@ class GovernorConfig:
         """The budget less the margin: what predicted power must stay under."""
         return None if self.power_budget_w is None else self.power_budget_w * (1.0 - self.power_margin)
 
+    @property
+    def measured_cap_w(self) -> float | None:
+        """The budget less :attr:`measured_margin`: what a measured point's settled power must stay under."""
+        return None if self.power_budget_w is None else self.power_budget_w * (1.0 - self.measured_margin)
+
 
 @dataclass(frozen=True)
 class DecisionInput:
@@ -106,6 +118,9 @@ class DecisionInput:
     """How long this phase usually lasts (None: not seen yet)."""
     power_cap_w: float | None = None
     """The tighter of the budget cap and the thermal cap."""
+    measured_cap_w: float | None = None
+    """The same for the tuned point's *measured* power (:attr:`GovernorConfig.measured_cap_w`
+    for the budget); None: ``power_cap_w``."""
     power_bias_w: float = 0.0
     """How much the model has been seen to under-predict this phase's power."""
     power_now_w: float | None = None
@@ -253,14 +268,17 @@ def decide(inp: DecisionInput) -> Decision:
         # is (the model's cross terms are weakest far from its axes: keep what was measured).
         best = OperatingPoint.of({d: fixed.get(d, hz) for d, hz in best.items()})
         budget = cfg.power_budget_w is not None
+        point_cap = cap
         if best == model.best and model.best_measured is not None:
             pred = model.predict(best)
             pred = Measurement(pred.seconds, max(pred.power_w, model.best_measured.power_w))
+            # Measured, not predicted: it may use the budget up to the measured margin.
+            point_cap = inp.measured_cap_w if inp.measured_cap_w is not None else cap
         else:
             # Not the point that was measured: under a budget, the higher of the model's
             # two power terms (a fixed clock's power is spread over a shorter phase).
             pred = model.predict(best, conservative=budget)
-        if cap is None or pred.power_w + inp.power_bias_w <= cap:
+        if point_cap is None or pred.power_w + inp.power_bias_w <= point_cap:
             target = _merge(current, best, locked)
             return Decision(inp.phase, target, _writes(target, current, locked), pred, "tuned point")
     # A budget is a constraint to fill (the most work within it); a thermal cap alone only

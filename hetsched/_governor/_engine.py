@@ -125,6 +125,8 @@ class GovernorEngine:
         self._phase_tuning_point: OperatingPoint | None = None
         self._phase_settling = False
         self._phase_guarded = False
+        self._phase_lead: tuple[float, OperatingPoint] | None = None
+        """How late the clocks raised for this occurrence landed, and what it ran at until then."""
         self._probes_stopped = 0
         self._phase_dirty = False
 
@@ -207,11 +209,12 @@ class GovernorEngine:
         """The tighter of the budget cap and the thermal guard's (mean-power) cap, now."""
         return tighter(self.config.budget_cap_w, self._guard.cap_w)
 
-    def phase_cap(self, phase: Phase) -> float | None:
-        """The cap for ``phase``'s decision (:func:`~hetsched._governor._caps.phase_cap`)."""
+    def phase_cap(self, phase: Phase, *, measured: bool = False) -> float | None:
+        """The cap for ``phase``'s decision (:func:`~hetsched._governor._caps.phase_cap`);
+        ``measured``: for a measured point's power (the budget less the measured margin)."""
+        budget = self.config.measured_cap_w if measured else self.config.budget_cap_w
         return phase_cap(
-            phase, budget_cap_w=self.config.budget_cap_w, thermal_cap_w=self._guard.cap_w,
-            models=self._models, book=self._book,
+            phase, budget_cap_w=budget, thermal_cap_w=self._guard.cap_w, models=self._models, book=self._book,
         )
 
     # -- phases ---------------------------------------------------------------------
@@ -253,8 +256,16 @@ class GovernorEngine:
         self._phase_tuning_point = tuning_point
         tuner = tuning.tuners.get(phase)
         self._phase_guarded = tuning_point is not None and tuner is not None and tuner.guarded(tuning_point)
+        before = dict(self._clocks.current)
         decision = self._decide(phase, tuning_point)
         self._phase_point = OperatingPoint.of(dict(self._clocks.current))
+        # Raised clocks land a transition latency late: the phase's first moments ran at
+        # the old ones (what :func:`settled` takes out of a measurement under a budget).
+        raised = [d for d, hz in decision.writes.items() if d in self.domains and d in before and hz > before[d]]
+        self._phase_lead = None if not raised else (
+            max(self.domains[d].transition_latency_s for d in raised),
+            OperatingPoint.of({**self._phase_point.as_dict(), **{d: before[d] for d in raised}}),
+        )
         # A slow domain written now reaches its new clock only part-way through the phase
         # (a 5-8 ms Jetson GPU/EMC change in a 10 ms phase): this occurrence measures neither
         # point. The tuner asks for the same point again, which then runs settled.
@@ -333,7 +344,8 @@ class GovernorEngine:
         if self._phase_dirty or point is None or phase is self._tuning.loop_owner:
             return
         self._tuning.credit(phase, m, point, tuning=self._phase_tuning, tuning_point=self._phase_tuning_point,
-                            settling=self._phase_settling)
+                            settling=self._phase_settling,
+                            lead=self._phase_lead if self.config.power_budget_w is not None else None)
 
     # -- decide and apply -----------------------------------------------------------------
 
@@ -351,6 +363,7 @@ class GovernorEngine:
             # the phase runs slowly would flip in and out of the phase's control.
             expected_phase_s=self._book.length(phase),
             power_cap_w=self.phase_cap(phase),
+            measured_cap_w=self.phase_cap(phase, measured=True),
             power_bias_w=max(0.0, self._book.bias.get(phase, 0.0)),
             power_now_w=self._meter.power_w,
             locked=frozenset(self._clocks.locked),

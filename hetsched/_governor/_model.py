@@ -148,6 +148,13 @@ class PhaseModel:
     energy_share: float = 0.0
     """Share of the power that follows energy spread over time rather than the clocks alone."""
 
+    def measured_points(self) -> list[tuple[OperatingPoint, Measurement]]:
+        """The centre and every axis point, with what was measured there."""
+        out = [(self.center, self.at_center)]
+        out += [(self.center.with_(d, hz), m) for d, axis in self.axes.items() for hz, m in axis.items()
+                if d in self.center]
+        return out
+
     def options(self, domain: str) -> tuple[int, ...]:
         """Frequencies this model can speak for on ``domain`` (ascending)."""
         axis = self.axes.get(domain)

@@ -106,6 +106,7 @@ class AxisTuner:
         objective: Objective | None = None,
         guarded: bool = False,
         max_measurements: int | None = None,
+        measured_cap_w: float | None = None,
     ) -> None:
         if not tune:
             raise GovernorError("auto-tune needs at least one domain to sweep")
@@ -117,6 +118,10 @@ class AxisTuner:
         self._slowdown = slowdown
         self._effective_slowdown = slowdown
         self._cap = power_cap_w
+        # What a point's *measured* power may reach (the budget less its measured margin):
+        # the cap above is for bounds and predictions of points not measured yet.
+        self._measured_cap = power_cap_w if power_cap_w is None or measured_cap_w is None else max(
+            power_cap_w, measured_cap_w)
         # A power budget is a constraint to fill: under one, the fastest point that fits.
         self._objective: Objective = objective or ("energy" if power_cap_w is None else "time")
         self._levels = levels
@@ -301,7 +306,8 @@ class AxisTuner:
             return ch
         if off_axis_bound(ch.point, self._samples, model) <= self._cap:
             return ch
-        best, best_m = self._best_measured(model.slowdown_reference_s)
+        # The next centre: a point with room under the prediction cap, for its sweeps up.
+        best, best_m = self._best_measured(model.slowdown_reference_s, cap=self._cap)
         if best is None or best_m is None:
             return ch
         return Choice(best, best_m, True, True)
@@ -324,7 +330,7 @@ class AxisTuner:
         if probe is not None and self._samples.get(probe) and self._extra_passes < _EXTRA_PASSES:
             pm = Measurement.combine(self._samples[probe])
             if pm.seconds < min(ch.predicted.seconds, model.at_center.seconds) * (1 - 0.01) and (
-                self._cap is None or pm.power_w <= self._cap
+                self._measured_cap is None or pm.power_w <= self._measured_cap
             ):
                 # The joint move paid where no single one did: sweep again from there.
                 self._extra_passes += 1
@@ -356,7 +362,7 @@ class AxisTuner:
         m = self._book.corrected(self._chosen) or Measurement.combine(self._samples[self._chosen])
         ref = self._model.slowdown_reference_s
         over = m.seconds / (ref * (1 + self._slowdown)) if self._objective == "energy" else 0.0
-        cap_broken = self._cap is not None and m.power_w > self._cap
+        cap_broken = self._measured_cap is not None and m.power_w > self._measured_cap
         if (over > 1.0 or cap_broken) and self._verify_tries < 3:
             self._verify_tries += 1
             # The miss is evidence off the axes: refit the cross terms on it before choosing again.
@@ -379,8 +385,9 @@ class AxisTuner:
         self._done = True
         return None
 
-    def _best_measured(self, ref: float) -> tuple[OperatingPoint | None, Measurement | None]:
-        return best_measured(self._book.measured(), ref=ref, slowdown=self._slowdown, cap=self._cap,
+    def _best_measured(self, ref: float, cap: float | None = None) -> tuple[OperatingPoint | None, Measurement | None]:
+        return best_measured(self._book.measured(), ref=ref, slowdown=self._slowdown,
+                             cap=self._measured_cap if cap is None else cap,
                              objective=self._objective, specs=self._specs)
 
     def _build_model(self) -> PhaseModel:
@@ -462,6 +469,10 @@ class AxisTuner:
         self._cut_short = True
         self._done = True
         return True
+
+    def measured(self) -> list[tuple[OperatingPoint, Measurement]]:
+        """Every point measured so far, with what it measured (not drift-corrected)."""
+        return [(p, Measurement.combine(ms)) for p, ms in self._samples.items() if ms]
 
     @property
     def cut_short(self) -> bool:

@@ -10,6 +10,9 @@ percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no bound lets 
 be tried at 10 W, unless as a guarded probe: :meth:`AxisTuner.guarded
 <hetsched._governor._tuner.AxisTuner.guarded>`).
 
+A unit of work whose clocks were raised as it began runs its first moments at the old
+ones: under a budget its mean understates the power it settles at (:func:`settled`).
+
 The bound on effort is here too (:func:`measurement_limit`).
 """
 
@@ -21,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ._model import Measurement, PhaseModel, _interp
 from ._points import DomainSpec, OperatingPoint
 
-__all__ = ["axis_power_bound", "measurement_limit", "off_axis_bound", "scaled"]
+__all__ = ["axis_power_bound", "lead_in_floor", "measurement_limit", "off_axis_bound", "scaled", "settled"]
 
 
 def scaled(power_w: float, ratio: float, samples: Mapping[OperatingPoint, Sequence[Measurement]]) -> float:
@@ -30,6 +33,34 @@ def scaled(power_w: float, ratio: float, samples: Mapping[OperatingPoint, Sequen
     floor = min((m.power_w for ms in samples.values() for m in ms), default=0.0)
     floor = min(floor, power_w)
     return floor + (power_w - floor) * ratio
+
+
+def settled(m: Measurement, lead_s: float, floor_w: float | None) -> Measurement:
+    """``m`` with its power raised to a bound on what it draws once its clocks have switched.
+
+    A unit whose clocks were raised as it began ran its first ``lead_s`` (the slowest raised
+    domain's transition latency) at the old, lower ones: a 34 ms optimizer step that raises
+    the EMC 8 ms late reads a mean a tenth under the power it settles at, and a budget is
+    broken by the settled power, not the mean. The lead-in drew at least ``floor_w``
+    (:func:`lead_in_floor`), so the rest of the unit drew at most
+    ``(E - floor_w * lead_s) / (seconds - lead_s)``. Unchanged without a lead-in, without a
+    floor, or when the switch had not landed by the end of the unit.
+    """
+    if lead_s <= 0 or floor_w is None or m.seconds <= lead_s:
+        return m
+    rest = (m.energy_j - min(floor_w, m.power_w) * lead_s) / (m.seconds - lead_s)
+    return Measurement(m.seconds, max(m.power_w, rest))
+
+
+def lead_in_floor(measured: Iterable[tuple[OperatingPoint, Measurement]], lead_in: OperatingPoint) -> float | None:
+    """A lower bound on the phase's power during a lead-in at ``lead_in`` (every raised domain
+    still at its old clock): the most power measured at a point with no clock above
+    ``lead_in``'s (the same work at lower clocks draws no more), None if none is known."""
+    best: float | None = None
+    for y, m in measured:
+        if all(hz <= (lead_in.get(d) or hz) for d, hz in y.items()):
+            best = m.power_w if best is None else max(best, m.power_w)
+    return best
 
 
 def axis_power_bound(

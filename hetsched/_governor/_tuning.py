@@ -32,6 +32,7 @@ from ._model import Measurement, PhaseModel
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
 from ._tuner import AxisTuner
+from ._tuner_bounds import lead_in_floor, settled
 
 __all__ = ["LoopUnit", "PhaseTuning", "TunePlan", "plan_tuning"]
 
@@ -212,6 +213,7 @@ class PhaseTuning:
             passes=config.tune_passes,
             repeats=config.tune_repeats,
             guarded=config.guarded_probes,
+            measured_cap_w=config.measured_cap_w,
         )
 
     def slowdown_for(self, phase: Phase, config: GovernorConfig) -> float:
@@ -300,19 +302,29 @@ class PhaseTuning:
         tuning: bool,
         tuning_point: OperatingPoint | None,
         settling: bool,
+        lead: tuple[float, OperatingPoint] | None = None,
     ) -> None:
         """One occurrence of ``phase`` ran at ``point``: to its tuner (``tuning``: it ran at
-        ``tuning_point``; ``settling``: a settle run, not measured), else to its power bias."""
+        ``tuning_point``; ``settling``: a settle run, not measured), else to its power bias.
+
+        ``lead`` (under a budget): how late the clocks it raised landed, and the clocks it ran
+        at until then; its power then counts as the bound on what it settled at
+        (:func:`~._tuner_bounds.settled`, :func:`~._tuner_bounds.lead_in_floor`).
+        """
         tuner = self.tuners.get(phase)
         if tuning and tuner is not None:
             if settling:
                 return
             if tuning_point is not None:
+                if lead is not None:
+                    m = settled(m, lead[0], lead_in_floor(tuner.measured(), lead[1]))
                 tuner.record(tuning_point, m)
             self.measurements += 1
             return
         model = self._models.get(phase)
         if model is not None:
+            if lead is not None:
+                m = settled(m, lead[0], lead_in_floor(model.measured_points(), lead[1]))
             self._book.update_bias(phase, m.power_w - model.predict(point).power_w)
 
     def drop(self, domain: str) -> None:
