@@ -367,24 +367,29 @@ def warm_board(soc: str, steps: Sequence[Step], period: float | None, ambient_c:
 
 
 def tune_profile(soc: str, steps: Sequence[Step], period: float | None, config: GovernorConfig, workload: str,
-                 *, ambient_c: float, warmup_s: float = 0.0) -> tuple[GovernorProfile, float]:
+                 *, ambient_c: float, warmup_s: float = 0.0, cap_w: float | None = None
+                 ) -> tuple[GovernorProfile, float, RailMeter | None]:
     """The one-off calibration: the governor auto-tunes online on a fresh board (cool unless
     ``warmup_s``). A tune started at the hot steady state (``warmup_s`` = the cases' warm-up)
     finishes too, without throttling more than the untuned governor, but its measurements run
     under the thermal guard and drift with it: its profile comes out slightly dearer in the hot
-    window than the cool one, so the calibration is done cool, as a one-off would be."""
+    window than the cool one, so the calibration is done cool, as a one-off would be.
+
+    With ``cap_w`` the rail is metered while it tunes (the returned meter: what tuning under
+    that budget cost in violations); else the meter is None."""
     board = warm_board(soc, steps, period, ambient_c, warmup_s, seed=2)
     t0 = board.time_s
     pol = Hetsched(None, config, autotune=True)
     pol.setup(board)
     assert pol.gov is not None
+    meter = None if cap_w is None else RailMeter(board, cap_w, pol.on_tick)
     for _ in range(200):
-        run_work(board, steps, period, pol, 10)
+        run_work(board, steps, period, pol, 10, meter)
         if pol.gov.engine.tuning_done:
             break
     prof = pol.gov.profile()
     pol.finish(board)
-    return GovernorProfile(prof.board, workload, prof.slowdown, prof.phases), board.time_s - t0
+    return GovernorProfile(prof.board, workload, prof.slowdown, prof.phases), board.time_s - t0, meter
 
 
 # ---------------------------------------------------------------------------------- static grid

@@ -158,10 +158,11 @@ def test_guarded_probes_try_the_step_the_bounds_refuse_and_stop_over_the_budget(
     # Orin's EMC 665.6 -> 2133 MHz: no bound within the margin allows it for BACKWARD at 10 W...
     assert 2_133_000_000 not in strict[Phase.BACKWARD]
     assert strict_peak <= budget and strict_over == 0
-    # ... a guarded probe measures it (it fits: about 9.6 W).
+    # ... a guarded probe measures it (its physical bound fits; it settles at about 9.75 W).
     assert 2_133_000_000 in guarded[Phase.BACKWARD]
-    # The probes that read over the budget were stopped at that reading: over it for a few
-    # 50 ms ticks in all, by at most the probe's 10 % slack.
+    # Any probe that read over the budget was stopped at that reading: over it for a few
+    # 50 ms ticks in all, and by little (the physical bound misses only the stepped domain's
+    # own voltage rise).
     assert guarded_peak <= budget * 1.10
     assert guarded_over <= 3 * gov.statistics().guarded_probes_stopped + 1
 

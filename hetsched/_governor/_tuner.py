@@ -29,12 +29,18 @@ Under a power cap the first centre is the lowest point and axes are swept upward
 stopping before a step whose power, extrapolated from the last two, would break the
 cap: every point not measured yet must have a power *bound* (not a prediction) at least
 ``_EXPLORE_MARGIN`` under the cap (the bounds: :mod:`._tuner_bounds`). Those bounds stop
-a climb short of a coarse step (Orin's EMC 665 -> 2133 MHz at 10 W, worth a third more
-training throughput): with ``guarded``, a step refused by those bounds whose physical bound
-is at most ``_GUARD_SLACK`` over the cap runs as a *guarded probe*
-(:meth:`AxisTuner.guarded`): its driver watches the power while it runs and stops it at the
-first reading over the cap (:meth:`AxisTuner.reject`), so the cap may be exceeded for up to
-one telemetry reading, while tuning only.
+a climb short of a coarse step (Orin's EMC 665 -> 2133 MHz at 10 W, worth three quarters
+more training throughput): with ``guarded``, a step refused by those bounds whose physical
+bound fits the measured cap (``measured_cap_w``: the budget less the margin a measured
+point keeps) runs as a *guarded probe* (:meth:`AxisTuner.guarded`): its driver watches the
+power while it runs and stops it at the first reading over the budget
+(:meth:`AxisTuner.reject`), and a run that measured over the cap is not repeated. The
+physical bound leaves out the stepped domain's own voltage rise, so a probe may cross the
+budget by a few percent for one unit of work, while tuning only.
+
+A measured point's power under a cap is what its driver hands over: the engine gives a
+bound on the power the unit settled at once its raised clocks landed
+(:func:`~hetsched._governor._tuner_bounds.settled`), not its mean.
 
 Effort is bounded: the measurement that reaches :attr:`AxisTuner.measurement_limit` ends the
 tuning on the best point measured (:meth:`AxisTuner.finish`, also what a driver calls when
@@ -72,9 +78,6 @@ class TunerStatistics:
 _BUDGET_PASSES = 3
 """At least this many passes under a power budget (they stop early once the centre stays)."""
 _EXPLORE_MARGIN = 0.05
-_GUARD_SLACK = 0.10
-"""A guarded probe's physical power bound may be this far over the cap: what it can cost is
-one telemetry reading that far over, before it is stopped."""
 """Under a cap, a point not measured yet is tried only if its power bound is this far under it
 (bounds from neighbours off the axes are not tight; a phase's mean hides its peaks)."""
 _EXTRA_PASSES = 4
@@ -223,7 +226,7 @@ class AxisTuner:
     def _guardable(self, d: str, hz: int) -> bool:
         """Whether ``hz`` on ``d``'s axis may run as a guarded probe (see :meth:`guarded`): its
         physical bound alone (the phase's dynamic power drawn as much faster as the clock
-        ratio allows) is at most ``_GUARD_SLACK`` over the cap."""
+        ratio allows) fits the measured cap."""
         if not self._guarded_ok or self._cap is None or not self._samples.get(self._center):
             return False
         axis = {f: m for f, m in self._axes[d].items() if f < hz}
@@ -231,14 +234,17 @@ class AxisTuner:
         below = max((f for f in axis if f < hz), default=None)
         if below is None:
             return False
-        return self._scaled(axis[below].power_w, hz / below) <= self._cap * (1 + _GUARD_SLACK)
+        cap = self._cap if self._measured_cap is None else self._measured_cap
+        return self._scaled(axis[below].power_w, hz / below) <= cap
 
     def guarded(self, point: OperatingPoint) -> bool:
-        """Whether ``point`` is a *guarded probe*: a step up an axis whose conservative power
-        bound is over the cap's margin though its physical bound fits (Orin's EMC 665 ->
-        2133 MHz at 10 W). Its driver must watch the power while it runs and call
-        :meth:`reject` as soon as a reading is over the cap."""
-        return point in self._guarded and point not in self._samples
+        """Whether ``point`` is a *guarded probe*: a step up an axis whose slope bound is over
+        the cap's margin though its physical bound fits (Orin's EMC 665 -> 2133 MHz at 10 W). Its driver must watch the power while it runs and call
+        :meth:`reject` as soon as a reading is over the cap. A probe stays guarded for
+        every repeat: one whose first run measured over the cap is dropped at once
+        (:meth:`record`), but a phase shorter than a telemetry period hides its peak from
+        the readings."""
+        return point in self._guarded
 
     def reject(self, point: OperatingPoint, power_w: float) -> None:
         """The driver stopped a guarded probe at ``point``: ``power_w`` was read over the cap.
@@ -426,6 +432,10 @@ class AxisTuner:
         if self._book.count >= self._limit:
             self.finish()
             return
+        if point in self._guarded and self._measured_cap is not None and measurement.power_w > self._measured_cap:
+            # A guarded probe whose run measured over the cap is not run again: the
+            # measurement stays (the model learns the step does not fit).
+            self.reject(point, measurement.power_w)
         if self._stage == "center" and point == self._center:
             self._stage = "axes"
         elif point != self._center:

@@ -6,9 +6,9 @@ axis the top two points' slope doubled (:func:`axis_power_bound`), and never les
 phase drawing its dynamic power as much faster as the clock ratio allows (:func:`scaled`);
 off the axes (joint probe, next centre) the same from a measured point below it
 (:func:`off_axis_bound`). So tuning keeps to the budget, at the price of the last few
-percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no bound lets that step
-be tried at 10 W, unless as a guarded probe: :meth:`AxisTuner.guarded
-<hetsched._governor._tuner.AxisTuner.guarded>`).
+percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no such bound lets that
+step be tried at 10 W; the physical bound, :func:`scaled` alone, admits it as a guarded
+probe: :meth:`AxisTuner.guarded <hetsched._governor._tuner.AxisTuner.guarded>`).
 
 A unit of work whose clocks were raised as it began runs its first moments at the old
 ones: under a budget its mean understates the power it settles at (:func:`settled`).
