@@ -55,7 +55,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from .._errors import GovernorError
-from ._model import Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
+from ._model import TIME_TIE, Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
 from ._points import DomainSpec, OperatingPoint
 from ._tuner_book import SampleBook, best_measured
 from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound, scaled
@@ -80,6 +80,9 @@ _BUDGET_PASSES = 3
 _EXPLORE_MARGIN = 0.05
 """Under a cap, a point not measured yet is tried only if its power bound is this far under it
 (bounds from neighbours off the axes are not tight; a phase's mean hides its peaks)."""
+_CENTRE_TIE = 0.03
+"""Filling a budget, measured points within this of the fastest count as equally fast when the
+next centre falls back to one (the least energy among them); the final choice uses ``TIME_TIE``."""
 _EXTRA_PASSES = 4
 """Passes a joint probe that paid may add (each re-centres on it and sweeps again)."""
 
@@ -140,6 +143,8 @@ class AxisTuner:
         self._prev_center: OperatingPoint | None = None
         self._grids: dict[str, list[int]] = {}
         self._verify_tries = 0
+        self._fallback: OperatingPoint | None = None
+        """The pass's own choice while a watched one (:meth:`_watched_choice`) is verified."""
         self._extra_passes = 0
         self._done = False
         self._chosen: OperatingPoint | None = None
@@ -305,7 +310,7 @@ class AxisTuner:
         at_center = Measurement.combine(self._samples[self._center])
         return axis_power_bound(self._axes[d], self._center[d], at_center, self._prev_axes.get(d), hz, self._samples)
 
-    def _safe(self, ch: Choice, model: PhaseModel) -> Choice:
+    def _safe(self, ch: Choice, model: PhaseModel, tie: float = TIME_TIE) -> Choice:
         """``ch``, or under a cap the best point measured so far if ``ch`` is not safe to run
         (its :func:`off_axis_bound` is over the cap)."""
         if self._cap is None or ch.point in self._samples:
@@ -313,7 +318,7 @@ class AxisTuner:
         if off_axis_bound(ch.point, self._samples, model) <= self._cap:
             return ch
         # The next centre: a point with room under the prediction cap, for its sweeps up.
-        best, best_m = self._best_measured(model.slowdown_reference_s, cap=self._cap)
+        best, best_m = self._best_measured(model.slowdown_reference_s, cap=self._cap, tie=tie)
         if best is None or best_m is None:
             return ch
         return Choice(best, best_m, True, True)
@@ -326,9 +331,14 @@ class AxisTuner:
         self._pass += 1
         # The next point runs before it is measured: under a cap, judged by the higher of the
         # two power models until the points off the axes have fitted the cross terms.
+        # A centre that falls back to a measured point (the model's choice not safe to run) is
+        # the least energy among those near the fastest (_CENTRE_TIE), not the fastest alone:
+        # a clock that buys 2 % but spends the headroom (a GPU step while the memory clock is
+        # the bottleneck) would leave no room to sweep.
+        last = self._pass >= self._passes
         ch = choose(model, slowdown=self._effective_slowdown, power_cap_w=self._cap, objective=self._objective,
                     conservative=self._cap is not None)
-        ch = self._safe(ch, model)
+        ch = self._safe(ch, model, TIME_TIE if last else _CENTRE_TIE)
         self._prev_axes = {d: dict(a) for d, a in model.axes.items()}
         self._prev_center = model.center
         self._last_model = model
@@ -359,12 +369,46 @@ class AxisTuner:
             self._begin_pass(ch.point, span)
             return self._center
         self._model = model
-        self._chosen = ch.point
+        self._chosen = self._watched_choice(model, ch).point
         self._stage = "verify"
-        return ch.point
+        return self._chosen
+
+    def _watched_choice(self, model: PhaseModel, ch: Choice) -> Choice:
+        """The last pass's choice, or with guarded probes a faster one the model predicts within
+        the measured cap (not the prediction cap: a trade such as a lower memory clock for a
+        higher accelerator one, the two axes measured but never together), verified as a
+        guarded probe: watched while it runs, and given up for the best point measured if
+        it measures over the cap."""
+        if not self._guarded_ok or self._measured_cap is None or self._objective != "time":
+            return ch
+        wide = choose(model, slowdown=self._effective_slowdown, power_cap_w=self._measured_cap,
+                      objective=self._objective, conservative=True)
+        if (not wide.within_power or wide.point in self._samples or wide.point in self._rejected
+                or wide.predicted.seconds >= ch.predicted.seconds * (1 - TIME_TIE)):
+            return ch
+        self._guarded.add(wide.point)
+        self._fallback = ch.point
+        return wide
 
     def _after_verify(self) -> OperatingPoint | None:
         assert self._model is not None and self._chosen is not None
+        fallback, self._fallback = self._fallback, None
+        if fallback is not None:
+            ms = self._samples.get(self._chosen)
+            cap = self._measured_cap
+            if not ms or (cap is not None and Measurement.combine(ms).power_w > cap):
+                # The watched choice did not fit: verify the pass's own choice as usual.
+                self._chosen = fallback
+                if fallback not in self._samples:
+                    return fallback
+        if not self._samples.get(self._chosen):
+            # A watched choice stopped over the budget before it measured anything.
+            best, best_m = self._best_measured(self._model.slowdown_reference_s)
+            if best is None or best_m is None:
+                best, best_m = min(self._book.measured(), key=lambda pm: pm[1].power_w)
+            self._model = replace(fit_coupling(self._model, self._book.measured()), best=best, best_measured=best_m)
+            self._done = True
+            return None
         m = self._book.corrected(self._chosen) or Measurement.combine(self._samples[self._chosen])
         ref = self._model.slowdown_reference_s
         over = m.seconds / (ref * (1 + self._slowdown)) if self._objective == "energy" else 0.0
@@ -391,9 +435,10 @@ class AxisTuner:
         self._done = True
         return None
 
-    def _best_measured(self, ref: float, cap: float | None = None) -> tuple[OperatingPoint | None, Measurement | None]:
+    def _best_measured(self, ref: float, cap: float | None = None,
+                       tie: float = TIME_TIE) -> tuple[OperatingPoint | None, Measurement | None]:
         return best_measured(self._book.measured(), ref=ref, slowdown=self._slowdown,
-                             cap=self._measured_cap if cap is None else cap,
+                             cap=self._measured_cap if cap is None else cap, tie=tie,
                              objective=self._objective, specs=self._specs)
 
     def _build_model(self) -> PhaseModel:

@@ -124,10 +124,11 @@ def best_measured(
     cap: float | None,
     objective: Objective,
     specs: Mapping[str, DomainSpec],
+    tie: float = TIME_TIE,
 ) -> tuple[OperatingPoint | None, Measurement | None]:
     """The best of ``measured`` under the cap (None, None: none fits it).
 
-    ``"time"``: the fastest, the least energy among those within :data:`TIME_TIE` of it.
+    ``"time"``: the fastest, the least energy among those within ``tie`` of it.
     ``"energy"``: the least energy within the slowdown bound against ``ref``; if none is
     within it, the fastest.
     """
@@ -137,7 +138,7 @@ def best_measured(
         return None, None
     if objective == "time":
         fastest = min(m.seconds for _, m in in_cap)
-        near = [(p, m) for p, m in in_cap if m.seconds <= fastest * (1 + TIME_TIE)]
+        near = [(p, m) for p, m in in_cap if m.seconds <= fastest * (1 + tie)]
         return least_energy(near, specs)
     ok = [(p, m) for p, m in in_cap if m.seconds <= bound]
     if ok:
