@@ -150,3 +150,31 @@ def test_frame_deadline_must_be_positive(tmp_path: Path, capsys: pytest.CaptureF
                "--requests", "1"])
     assert rc != 0
     assert "loop_deadline_s=0.0" in capsys.readouterr().err
+
+
+def test_strict_budget_needs_a_budget_and_the_governor(tmp_path: Path) -> None:
+    from hetsched._cli import main
+    from hetsched.testing import build_board_tree
+
+    build_board_tree(tmp_path, "rk3588")
+    with pytest.raises(SystemExit, match="--strict-budget needs --governor phase and --power-budget"):
+        main(["run", "light_squeezenet", "--root", str(tmp_path), "--governor", "phase", "--strict-budget",
+              "--requests", "1"])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_budgeted_run_reports_its_budget_and_probe_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          strict: bool) -> None:
+    from hetsched._cli import main
+    from hetsched.testing import build_board_tree
+
+    build_board_tree(tmp_path, "rk3588")
+    rc = main(["run", "light_squeezenet", "--root", str(tmp_path), "--governor", "phase", "--dry-run",
+               "--power-budget", "5", *(["--strict-budget"] if strict else []),
+               "--requests", "2", "--max-unit-nodes", "8", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    gov = json.loads(out.out.strip().splitlines()[-1])["governor"]
+    assert gov["power_budget_w"] == 5.0
+    assert gov["guarded_probes"] is (not strict)
+    assert gov["guarded_probes_stopped"] == 0

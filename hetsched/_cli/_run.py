@@ -90,7 +90,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="phase: hetsched's phase-aware governor sets the board's clocks per inference phase and "
                         "restores every knob at the end, also on SIGTERM/SIGINT")
     g.add_argument("--slowdown", type=float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
-    g.add_argument("--power-budget", type=float, default=None, metavar="W", help="hard power cap in watts")
+    g.add_argument("--power-budget", type=float, default=None, metavar="W",
+                   help="power budget in watts (board input): the tuned clocks fill it and stay under it; while "
+                        "auto-tuning, a watched probe may cross it by a few percent for one unit of work")
+    g.add_argument("--strict-budget", action="store_true",
+                   help="with --power-budget: no probe beyond the tuner's slope bounds, never over the budget "
+                        "while tuning either (a hard supply limit), at the price of part of it")
     p.add_argument("--frame-deadline-ms", type=float, default=None, metavar="MS",
                    help="frame-paced work: one request per frame period (--frame-period-ms, default MS), each "
                         "due within MS (board time on a twin's devices), misses counted (deadline_misses); with "
@@ -180,6 +185,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.governor != "none" and not args.root:
         raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
+    if args.strict_budget and (args.power_budget is None or args.governor == "none"):
+        raise SystemExit("hetsched run: --strict-budget needs --governor phase and --power-budget W")
     period_ms = args.frame_period_ms if args.frame_period_ms is not None else args.frame_deadline_ms
     # (governed, GovernorConfig itself names a bad deadline: loop_deadline_s)
     if args.frame_deadline_ms is not None and args.governor == "none" and not args.frame_deadline_ms > 0:

@@ -227,6 +227,8 @@ def governor_summary(gov: Any) -> dict[str, Any]:
         "elapsed_s": st.elapsed_s, "energy_j": st.energy_j, "peak_temp_c": dict(st.peak_temp_c),
         "phases": phases, "tuned_phases": [str(p) for p in st.tuned_phases],
         "decisions_logged": st.decisions_logged, "dry_run": st.dry_run, "ungoverned": st.ungoverned,
+        "power_budget_w": gov.config.power_budget_w, "guarded_probes": gov.config.guarded_probes,
+        "guarded_probes_stopped": st.guarded_probes_stopped,
     }
 
 
@@ -276,7 +278,7 @@ async def run_governed(args: argparse.Namespace, serve: Callable[[list], Awaitab
     deadline = None if args.frame_deadline_ms is None else args.frame_deadline_ms / 1e3
     gov = Governor(
         args.root, config=GovernorConfig(slowdown=args.slowdown, power_budget_w=args.power_budget,
-                                         loop_deadline_s=deadline),
+                                         loop_deadline_s=deadline, guarded_probes=not args.strict_budget),
         profile=profile_path if profile_path is not None and profile_path.exists() else None,
         workload=Path(str(args.model)).stem, dry_run=args.dry_run, handle_signals=False,
     )
