@@ -25,22 +25,13 @@ The board warms while it is tuned: the centre is measured again after each axis,
 drift it shows is removed from every measurement before points are compared (the book of
 samples and that correction: :mod:`._tuner_book`).
 
-Under a power cap the first centre is the lowest point and axes are swept upwards,
-stopping before a step whose power, extrapolated from the last two, would break the
-cap: every point not measured yet must have a power *bound* (not a prediction) at least
-``_EXPLORE_MARGIN`` under the cap (the bounds: :mod:`._tuner_bounds`). Those bounds stop
-a climb short of a coarse step (Orin's EMC 665 -> 2133 MHz at 10 W, worth three quarters
-more training throughput): with ``guarded``, a step refused by those bounds whose physical
-bound fits the measured cap (``measured_cap_w``: the budget less the margin a measured
-point keeps) runs as a *guarded probe* (:meth:`AxisTuner.guarded`): its driver watches the
-power while it runs and stops it at the first reading over the budget
-(:meth:`AxisTuner.reject`), and a run that measured over the cap is not repeated. The
-physical bound leaves out the stepped domain's own voltage rise, so a probe may cross the
-budget by a few percent for one unit of work, while tuning only.
-
-A measured point's power under a cap is what its driver hands over: the engine gives a
-bound on the power the unit settled at once its raised clocks landed
-(:func:`~hetsched._governor._tuner_bounds.settled`), not its mean.
+Under a power cap the first centre is the lowest point and axes are swept upwards; a point
+not measured yet runs only if its power *bound* is ``_EXPLORE_MARGIN`` under the cap
+(:mod:`._tuner_bounds`), or, with ``guarded``, if its physical bound fits the measured cap:
+then as a *guarded probe* its driver watches (:meth:`AxisTuner.guarded`, :meth:`AxisTuner.reject`;
+Orin's EMC 665 -> 2133 MHz at 10 W, which no slope bound admits; :mod:`._tuner_probes`). The
+power a driver hands over is a bound on what the unit settled at once its raised clocks
+landed, not its mean (:func:`~hetsched._governor._tuner_bounds.settled`).
 
 Effort is bounded: the measurement that reaches :attr:`AxisTuner.measurement_limit` ends the
 tuning on the best point measured (:meth:`AxisTuner.finish`, also what a driver calls when
@@ -59,6 +50,7 @@ from ._model import TIME_TIE, Choice, Measurement, Objective, PhaseModel, _inter
 from ._points import DomainSpec, OperatingPoint
 from ._tuner_book import SampleBook, best_measured
 from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound, scaled
+from ._tuner_probes import faster_trade, joint_probe, physically_fits
 
 __all__ = ["AxisTuner", "TunerStatistics"]
 
@@ -229,18 +221,14 @@ class AxisTuner:
         return self._end_pass()
 
     def _guardable(self, d: str, hz: int) -> bool:
-        """Whether ``hz`` on ``d``'s axis may run as a guarded probe (see :meth:`guarded`): its
-        physical bound alone (the phase's dynamic power drawn as much faster as the clock
-        ratio allows) fits the measured cap."""
+        """Whether ``hz`` on ``d``'s axis may run as a guarded probe (see :meth:`guarded`):
+        :func:`~._tuner_probes.physically_fits` the measured cap."""
         if not self._guarded_ok or self._cap is None or not self._samples.get(self._center):
             return False
         axis = {f: m for f, m in self._axes[d].items() if f < hz}
         axis[self._center[d]] = Measurement.combine(self._samples[self._center])
-        below = max((f for f in axis if f < hz), default=None)
-        if below is None:
-            return False
         cap = self._cap if self._measured_cap is None else self._measured_cap
-        return self._scaled(axis[below].power_w, hz / below) <= cap
+        return physically_fits(axis, hz, cap, self._samples)
 
     def guarded(self, point: OperatingPoint) -> bool:
         """Whether ``point`` is a *guarded probe*: a step up an axis whose slope bound is over
@@ -268,40 +256,10 @@ class AxisTuner:
         return self._center
 
     def _joint_probe(self) -> OperatingPoint | None:
-        """The centre with every domain whose own axis bought no time raised together (or None).
-
-        Work split over domains that run concurrently (a data loader on two CPU clusters)
-        is as slow as the slowest: raising either alone shows nothing, raising both does.
-        Coordinate descent cannot see that, so each pass measures this one joint point too.
-        """
-        t0 = Measurement.combine(self._samples[self._center]).seconds
-        flat: dict[str, int] = {}
-        for d in self._order:
-            higher = [hz for hz in self._axes[d] if hz > self._center[d]]
-            if higher and min(self._axes[d][hz].seconds for hz in higher) > t0 * (1 - 0.01):
-                flat[d] = max(higher)
-        if len(flat) < 2:
-            return None
-        p0 = Measurement.combine(self._samples[self._center]).power_w
-        # Highest joint step first; under a cap the first that fits even if the phase gets as
-        # much shorter as the largest clock ratio allows, with every domain's energy per unit
-        # of work unchanged (the axes alone cannot show how much the joint move shortens it,
-        # and the shorter phase draws the same energy faster).
-        levels = {d: sorted(hz for hz in self._axes[d] if hz > self._center[d]) for d in flat}
-        steps = max(len(v) for v in levels.values())
-        for k in range(steps, 0, -1):
-            point = self._center
-            extra = 0.0
-            ratio = 1.0
-            for d, hzs in levels.items():
-                # The same share of each domain's way up, so they stay in step.
-                hz = hzs[max(0, round(k / steps * len(hzs)) - 1)]
-                point = point.with_(d, hz)
-                extra += self._axes[d][hz].power_w - p0
-                ratio = max(ratio, hz / self._center[d])
-            if self._cap is None or self._scaled(p0 + extra, ratio) <= self._cap * (1 - _EXPLORE_MARGIN):
-                return point
-        return None
+        """The pass's joint probe (:func:`~._tuner_probes.joint_probe`), or None."""
+        limit = None if self._cap is None else self._cap * (1 - _EXPLORE_MARGIN)
+        return joint_probe(self._center, Measurement.combine(self._samples[self._center]), self._axes,
+                           self._order, limit, self._samples)
 
     def _extrapolated_power(self, d: str, hz: int) -> float:
         """A bound on the power at ``hz`` on ``d``'s axis (:func:`axis_power_bound`)."""
@@ -374,17 +332,13 @@ class AxisTuner:
         return self._chosen
 
     def _watched_choice(self, model: PhaseModel, ch: Choice) -> Choice:
-        """The last pass's choice, or with guarded probes a faster one the model predicts within
-        the measured cap (not the prediction cap: a trade such as a lower memory clock for a
-        higher accelerator one, the two axes measured but never together), verified as a
-        guarded probe: watched while it runs, and given up for the best point measured if
-        it measures over the cap."""
+        """``ch``, or with guarded probes a faster trade verified as a guarded probe
+        (:func:`~._tuner_probes.faster_trade`), ``ch`` kept to verify if it does not fit."""
         if not self._guarded_ok or self._measured_cap is None or self._objective != "time":
             return ch
-        wide = choose(model, slowdown=self._effective_slowdown, power_cap_w=self._measured_cap,
-                      objective=self._objective, conservative=True)
-        if (not wide.within_power or wide.point in self._samples or wide.point in self._rejected
-                or wide.predicted.seconds >= ch.predicted.seconds * (1 - TIME_TIE)):
+        wide = faster_trade(model, ch, slowdown=self._effective_slowdown, measured_cap_w=self._measured_cap,
+                            tried=set(self._samples) | set(self._rejected))
+        if wide is None:
             return ch
         self._guarded.add(wide.point)
         self._fallback = ch.point
