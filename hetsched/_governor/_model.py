@@ -356,15 +356,14 @@ def choose(
     objective: Objective = "energy",
     conservative: bool = False,
     price_j_per_s: float = 0.0,
-    tie: float = TIME_TIE,
 ) -> Choice:
     """The best operating point by the model's prediction, jointly over domains.
 
     ``objective="energy"``: the least energy per unit with predicted time within
     ``(1 + slowdown)`` of the reference; if nothing meets the time bound within the cap,
     the fastest point within the cap. ``objective="time"`` (a power budget to fill): the
-    fastest point within the cap (points within ``tie``, :data:`TIME_TIE` unless given, of it
-    count as equally fast: the least energy among them), ``slowdown`` unused. ``objective="price"``: the least
+    fastest point within the cap (points within :data:`TIME_TIE` of it count as equally
+    fast: the least energy among them), ``slowdown`` unused. ``objective="price"``: the least
     ``energy + price_j_per_s x time`` (a second of the loop priced in joules, see
     :func:`~hetsched._governor._loop.allocate_loop`), ``slowdown`` unused. Either way predicted power
     (plus ``power_bias_w``, what the model has been seen to under-predict) must stay
@@ -396,9 +395,9 @@ def choose(
     if not options:
         idx: list[int] = []
     elif size <= _MAX_PRODUCT:
-        idx = _search_product(options, evaluate, bound, cap, objective, price_j_per_s, tie)
+        idx = _search_product(options, evaluate, bound, cap, objective, price_j_per_s)
     else:
-        idx = _search_greedy(options, evaluate, bound, cap, objective, price_j_per_s, tie)
+        idx = _search_greedy(options, evaluate, bound, cap, objective, price_j_per_s)
     freqs = {dom: opts[i][0] for dom, opts, i in zip(names, options, idx, strict=True)}
     if idx:
         t_arr, p_arr = evaluate([np.array([i]) for i in idx])
@@ -409,8 +408,7 @@ def choose(
     return Choice(OperatingPoint.of(freqs), pred, within_t, pred.power_w <= cap)
 
 
-def _pick(t: np.ndarray, p: np.ndarray, bound: float, cap: float, objective: Objective, price: float = 0.0,
-          tie: float = TIME_TIE) -> int:
+def _pick(t: np.ndarray, p: np.ndarray, bound: float, cap: float, objective: Objective, price: float = 0.0) -> int:
     power_ok = p <= cap
     if not power_ok.any():
         return int(np.argmin(p))
@@ -418,7 +416,7 @@ def _pick(t: np.ndarray, p: np.ndarray, bound: float, cap: float, objective: Obj
         return int(np.argmin(np.where(power_ok, t * p + price * t, np.inf)))
     if objective == "time":
         fastest = float(np.min(np.where(power_ok, t, np.inf)))
-        near = power_ok & (t <= fastest * (1 + tie))
+        near = power_ok & (t <= fastest * (1 + TIME_TIE))
         return int(np.argmin(np.where(near, t * p * (1 + 1e-9) + t * 1e-12, np.inf)))
     both = power_ok & (t <= bound * (1 + 1e-9))
     if both.any():
@@ -430,19 +428,19 @@ def _pick(t: np.ndarray, p: np.ndarray, bound: float, cap: float, objective: Obj
 def _search_product(
     options: list[list[tuple[int, float, float]]],
     evaluate: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, np.ndarray]],
-    bound: float, cap: float, objective: Objective, price: float = 0.0, tie: float = TIME_TIE,
+    bound: float, cap: float, objective: Objective, price: float = 0.0,
 ) -> list[int]:
     grids = np.meshgrid(*[np.arange(len(o)) for o in options], indexing="ij")
     flat = [g.ravel() for g in grids]
     t, p = evaluate(flat)
-    k = _pick(t, p, bound, cap, objective, price, tie)
+    k = _pick(t, p, bound, cap, objective, price)
     return [int(ix[k]) for ix in flat]
 
 
 def _search_greedy(
     options: list[list[tuple[int, float, float]]],
     evaluate: Callable[[Sequence[np.ndarray]], tuple[np.ndarray, np.ndarray]],
-    bound: float, cap: float, objective: Objective, price: float = 0.0, tie: float = TIME_TIE,
+    bound: float, cap: float, objective: Objective, price: float = 0.0,
 ) -> list[int]:
     """Coordinate descent from each domain's fastest option: move one domain at a time to
     whichever of its options the objective prefers with the others where they are, until
@@ -454,7 +452,7 @@ def _search_greedy(
             trial = [np.full(len(opts), i) for i in idx]
             trial[d] = np.arange(len(opts))
             t, p = evaluate(trial)
-            k = _pick(t, p, bound, cap, objective, price, tie)
+            k = _pick(t, p, bound, cap, objective, price)
             if k != idx[d]:
                 idx[d] = k
                 moved = True

@@ -232,11 +232,11 @@ class AxisTuner:
 
     def guarded(self, point: OperatingPoint) -> bool:
         """Whether ``point`` is a *guarded probe*: a step up an axis whose slope bound is over
-        the cap's margin though its physical bound fits (Orin's EMC 665 -> 2133 MHz at 10 W). Its driver must watch the power while it runs and call
-        :meth:`reject` as soon as a reading is over the cap. A probe stays guarded for
-        every repeat: one whose first run measured over the cap is dropped at once
-        (:meth:`record`), but a phase shorter than a telemetry period hides its peak from
-        the readings."""
+        the cap's margin though its physical bound fits (Orin's EMC 665 -> 2133 MHz at 10 W),
+        or the last pass's faster trade. Its driver must watch the power while it runs and
+        call :meth:`reject` as soon as a reading is over the cap. A probe stays guarded for
+        every repeat: one whose run measured over the cap is dropped at once (:meth:`record`),
+        as a phase shorter than a telemetry period hides its peak from the readings."""
         return point in self._guarded
 
     def reject(self, point: OperatingPoint, power_w: float) -> None:
