@@ -27,6 +27,7 @@ import onnx
 import onnxruntime as ort
 
 from hetsched._errors import CompileError, DeviceSpecError, StageExecutionError
+from hetsched._onnxruntime import ort_session
 
 from ._base import Backend, Capabilities, CompiledStage, Device, TensorSpec
 
@@ -290,7 +291,7 @@ class CpuBackend:
 
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
         try:
-            session = ort.InferenceSession(
+            session = ort_session(
                 model.SerializeToString(),
                 sess_options=self.session_options(device),
                 providers=["CPUExecutionProvider"],

@@ -41,6 +41,7 @@ from typing import Any
 import onnx
 
 from hetsched._errors import BackendUnavailableError, CompileError, DeviceSpecError
+from hetsched._onnxruntime import ort_session
 
 from ._base import Backend, Capabilities, CompiledStage, Device
 from .cpu import CpuStage
@@ -233,7 +234,7 @@ class OrtGpuBackend:
         so.log_severity_level = 3
         names = [p[0] for p in providers]
         try:
-            session = ort.InferenceSession(model.SerializeToString(), sess_options=so, providers=providers)
+            session = ort_session(model.SerializeToString(), sess_options=so, providers=providers)
         except Exception as exc:  # onnxruntime raises several unrelated types
             translated = fallback_error(str(exc), stage=name, device=device, model=model, providers=names)
             with self._lock:

@@ -21,15 +21,17 @@ REPO = PKG.parent
 # top-level folders of the repository, see package-dir in pyproject.toml).
 SOURCES = {"hetsched": PKG, "hetsched.backends": REPO / "backends", "hetsched.policies": REPO / "policies"}
 
-VOCABULARY = {"_errors", "_snapshot", "_events"}
+VOCABULARY = {"_errors", "_snapshot", "_events", "_onnxruntime"}
 SESSION = {"_session", "_core", "_delivery", "_feeds", "_setup", "_profiling", "_stream", "_sync", "_governed",
-           "_adapt", "_replan", "_session_stats", "_session_base", "_trace", "_trace_counters", "_trace_writer"}
+           "_adapt", "_replan", "_session_stats", "_session_base", "_trace", "_trace_counters", "_trace_writer",
+           "_ort_meta", "_ort_session"}
 
 # part -> the hetsched parts it may import (besides itself). A part is the first component
 # under hetsched (a subpackage or a module), with backends/sim.py and backends/rknn.py as parts of their own.
 ALLOWED: dict[str, set[str]] = {
     "_errors": set(),
     "_snapshot": set(),
+    "_onnxruntime": set(),
     "_events": {"_errors"},
     "_platform": VOCABULARY,
     "_twin": VOCABULARY,

@@ -16,6 +16,7 @@ import onnx
 
 from hetsched._errors import CompileError
 from hetsched._events import CompileInfo, EventInfo, Hooks
+from hetsched._onnxruntime import ort_session
 from hetsched._planning.model import embedded_model, model_path
 
 DEFAULT_MODEL = "light_squeezenet"
@@ -163,9 +164,7 @@ def stage_rows(plan: Any) -> list[dict[str, Any]]:
 
 def reference_outputs(model: Path, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model's outputs for ``feeds`` from bare onnxruntime on the host (CPU provider)."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    sess = ort_session(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds), strict=True))
 

@@ -15,6 +15,8 @@ import time
 import anyio
 import numpy as np
 
+from hetsched._onnxruntime import ort_session
+
 from ._common import DEFAULT_MODEL, add_devices_args, light_model, random_feeds, select_devices, soc_devices
 
 
@@ -34,8 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import onnxruntime as ort
-
     from hetsched import HetschedError, Session
 
     path = light_model(args.model)
@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
         async with Session(path, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
                            root=args.root or "/") as s:
             feeds = random_feeds(s.get_inputs())
-            ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+            ref = ort_session(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
             out = await s.run(None, feeds)
             max_diff = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(out, ref, strict=True))
             if not all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(out, ref, strict=True)):

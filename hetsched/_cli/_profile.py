@@ -31,6 +31,8 @@ from typing import Any
 import anyio
 import onnx
 
+from hetsched._onnxruntime import ort_session
+
 from ._common import (
     Progress,
     add_devices_args,
@@ -104,7 +106,7 @@ def _time_cpu(backend: Any, model: onnx.ModelProto, node_ids: tuple[int, ...], d
     with tempfile.TemporaryDirectory(prefix="hetsched-profile-") as tmp:
         so.profile_file_prefix = str(Path(tmp) / f"unit{uid}")
         try:
-            sess = ort.InferenceSession(_tagged(model, node_ids).SerializeToString(), sess_options=so,
+            sess = ort_session(_tagged(model, node_ids).SerializeToString(), sess_options=so,
                                         providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise CompileError(f"onnxruntime could not compile unit {uid} for {dev.name!r}: {exc}") from exc

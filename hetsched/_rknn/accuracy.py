@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from hetsched._onnxruntime import ort_session
+
 from .._errors import ModelError
 
 __all__ = ["RANDOM_SAMPLES", "StageAccuracy", "compile_time_accuracy", "cosine", "measure_accuracy", "random_samples", "stage_accuracy"]
@@ -82,10 +84,8 @@ def measure_accuracy(model_bytes: bytes, input_names: Sequence[str], samples: Se
 
     :raises ModelError: onnxruntime cannot run the stage model.
     """
-    import onnxruntime as ort
-
     try:
-        sess = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+        sess = ort_session(model_bytes, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own unrelated types
         raise ModelError(f"onnxruntime cannot run the stage for the accuracy check: {exc}") from exc
     min_cos, max_rel = 1.0, 0.0

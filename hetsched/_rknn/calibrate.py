@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from hetsched._onnxruntime import ort_session
+
 from .._errors import BackendError, ModelError
 
 __all__ = ["CalibrationSet", "load_calibration_dir"]
@@ -88,8 +90,6 @@ class CalibrationSet:
             return [[self._values[n][k] for n in names] for k in range(len(self.feeds))]
 
     def _compute(self, names: list[str]) -> None:
-        import onnxruntime as ort
-
         model = onnx.ModelProto()
         model.CopyFrom(self._model)
         known = {o.name for o in model.graph.output}
@@ -97,7 +97,7 @@ class CalibrationSet:
             if n not in known:  # no type needed: onnxruntime infers it
                 model.graph.output.append(onnx.ValueInfoProto(name=n))
         try:
-            sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            sess = ort_session(model.SerializeToString(), providers=["CPUExecutionProvider"])
             runs = [sess.run(names, feed) for feed in self.feeds]
         except Exception as exc:  # onnxruntime raises its own unrelated types
             raise ModelError(f"cannot compute the calibration tensors {names[:4]} with onnxruntime: {exc}") from exc

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import version_converter
 
+from hetsched._onnxruntime import ort_session
+
 from .._errors import CompileError
 
 __all__ = [
@@ -283,9 +285,7 @@ def io_specs(model: onnx.ModelProto) -> tuple[list[str], list[_Spec], list[str],
     out_specs = [spec(o) for o in model.graph.output]
     if any(s is None for s in out_specs):
         # shape inference stopped short (a data-dependent shape): onnxruntime tells on one run
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        sess = ort_session(model.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = {i.name: np.zeros(s[1], s[0]) for i, s in zip(ins, in_specs, strict=True) if s is not None}
         values = sess.run(None, feeds)
         out_specs = [(np.dtype(v.dtype), tuple(v.shape)) for v in values]
