@@ -113,6 +113,8 @@ from ._events import EventInfo as EventInfo
 from ._events import Hooks as Hooks
 from ._events import Priority as Priority
 from ._events import ReplanInfo as ReplanInfo
+from ._ort_session import InferenceSession as InferenceSession
+from ._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
 from ._replan import Replanning as Replanning
 from ._replan import ReplanStatistics as ReplanStatistics
 from ._runtime import StageIO as StageIO
@@ -185,6 +187,8 @@ __all__ = (
     "GovernorWarning",
     "HetschedError",
     "Hooks",
+    "InferenceSession",
+    "InferenceSessionStatistics",
     "InputError",
     "InvalidModelError",
     "LiveTwin",
