@@ -110,7 +110,10 @@ def _shape(tp: onnx.TypeProto) -> list[Dim] | None:
     dims: list[Dim] = []
     for d in tp.tensor_type.shape.dim:
         which = d.WhichOneof("value")
-        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which == "dim_param" else None)
+        if which == "dim_value":
+            dims.append(d.dim_value if d.dim_value >= 0 else None)  # onnxruntime: a negative dim is unknown
+        else:
+            dims.append(d.dim_param if which == "dim_param" else None)
     return dims
 
 

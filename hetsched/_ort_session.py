@@ -119,14 +119,14 @@ def _ort_base(err: HetschedError) -> type[Exception]:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     if isinstance(err, InputError):
-        return state.InvalidArgument  # type: ignore[no-any-return]
+        return state.InvalidArgument
     if isinstance(err, ModelNotFoundError):
-        return state.NoSuchFile  # type: ignore[no-any-return]
+        return state.NoSuchFile
     if isinstance(err, ModelFormatError):
-        return state.InvalidProtobuf  # type: ignore[no-any-return]
+        return state.InvalidProtobuf
     if isinstance(err, InvalidModelError):
-        return state.InvalidGraph  # type: ignore[no-any-return]
-    return state.Fail  # type: ignore[no-any-return]
+        return state.InvalidGraph
+    return state.Fail
 
 
 def ort_compatible(err: HetschedError) -> HetschedError:
@@ -308,7 +308,8 @@ class InferenceSession:
         elif self._fixed is not None:
             signature = self._fixed_signature()
         elif not self._free_inputs():
-            signature = tuple(sorted((a.name, tuple(int(d) for d in a.shape or ())) for a in self._inputs))
+            signature = tuple(sorted((a.name, tuple(d for d in a.shape or () if isinstance(d, int)))
+                                     for a in self._inputs))
         else:
             return
         self._release(self._plan_for(signature))
@@ -357,6 +358,7 @@ class InferenceSession:
                 return plan
         opened = self._open(signature)  # outside the lock: compiling can take long
         evicted: list[_Plan] = []
+        plan = opened
         with state.lock:
             if state.closed:
                 evicted.append(opened)
