@@ -356,3 +356,36 @@ def test_ddddocr_runs_unchanged_with_the_one_line_switch(monkeypatch: pytest.Mon
     monkeypatch.setattr(ort, "InferenceSession", hetsched.InferenceSession)  # the app's one line
     got = [ddddocr.DdddOcr(show_ad=False, beta=beta).classification(p) for beta in (False, True) for p in pngs]
     assert got == expected and expected[0] == "a3K9"
+
+
+def _toolkit_missing() -> str | None:
+    from hetsched._rknn.env import find_toolkit_python
+
+    try:
+        find_toolkit_python()
+    except hetsched.BackendUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_the_rknpu_provider_runs_each_shape_on_the_npu(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rockchip's toolkit and its simulator compile the NPU stage for each new shape signature."""
+    if (why := _toolkit_missing()) is not None:
+        pytest.skip(f"no rknn-toolkit2 environment (hetsched setup rknn): {why}")
+    monkeypatch.setenv("HETSCHED_RKNN_CACHE", str(tmp_path / "rknn-cache"))
+    root = build_board_tree(tmp_path / "board", "rk3588")
+    data = conv_dynamic()
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    with hetsched.InferenceSession(data, providers=["RknpuExecutionProvider", "CPUExecutionProvider"],
+                                   root=root) as sess:
+        assert sess.get_providers() == ["RknpuExecutionProvider", "CPUExecutionProvider"]
+        for h, w in ((16, 16), (16, 32)):
+            x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+            (y,) = sess.run(None, {"x": x})
+            (want,) = ref.run(None, {"x": x})
+            cos = float(np.dot(y.ravel(), want.ravel()) / (np.linalg.norm(y) * np.linalg.norm(want)))
+            assert y.shape == want.shape and cos > 0.999
+        assert sess.statistics().compilations == 2
+        assert all(any(st.device.startswith("npu") for st in s.plan.stages) for s in sess.sessions())
