@@ -361,3 +361,23 @@ def test_power_budget_error_when_profile_cannot_fit() -> None:
     eng = GovernorEngine(board, config=GovernorConfig(power_budget_w=0.5), profile=prof)
     with pytest.raises(PowerBudgetError, match="phase forward"):
         eng.start()
+
+
+def test_safety_reads_the_decision_not_its_words() -> None:
+    """A capped decision keeps its lowering writes through the dwell, whatever its text says;
+    an uncapped one whose words happen to mention a cap does not."""
+    from types import MappingProxyType
+
+    from hetsched._governor._decide import Decision, Reason
+    from hetsched._governor._dwell import hold_back
+    from hetsched._governor._points import OperatingPoint
+
+    point = OperatingPoint.of({"gpu": 300 * MHZ})
+    writes = MappingProxyType({"gpu": 300 * MHZ})
+    capped = Decision(Phase.INFER, point, writes, None, Reason.LEAST_ENERGY, capped=True)
+    assert dict(hold_back(capped, {"gpu": 500 * MHZ}).writes) == {"gpu": 300 * MHZ}
+    free = Decision(Phase.INFER, point, writes, None, Reason.CAP_OVER_HYSTERESIS, capped=False)
+    assert "cap" in free.reason and dict(hold_back(free, {"gpu": 500 * MHZ}).writes) == {}
+    assert capped.reason == "least energy within bounds"
+    assert Decision(Phase.INFER, point, writes, None, Reason.LEAST_ENERGY, capped=True,
+                    cap_w=7.5).reason == "power cap 7.50 W: least energy within bounds"

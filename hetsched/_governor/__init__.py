@@ -9,7 +9,7 @@ Layout: ``_phase`` (Phase), ``_points`` (domains, operating points), ``_model``
 """
 
 from ._advisor import BatchAdvice, BatchMeasurement, BatchOption, advise_batch_size
-from ._decide import Decision, DecisionInput, GovernorConfig, decide
+from ._decide import Decision, DecisionInput, GovernorConfig, Reason, decide
 from ._engine import GovernorEngine, GovernorStatistics, PhaseStatistics
 from ._governor import Governor, GovernorWarning
 from ._model import Measurement, PhaseModel, choose
@@ -42,6 +42,7 @@ __all__ = [
     "PhaseModel",
     "PhaseStatistics",
     "RCFit",
+    "Reason",
     "SimPort",
     "ThermalPrior",
     "advise_batch_size",

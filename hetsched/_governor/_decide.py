@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from ._model import Measurement, Objective, PhaseModel, choose
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
 
-__all__ = ["Decision", "DecisionInput", "GovernorConfig", "decide", "switchable"]
+__all__ = ["Decision", "DecisionInput", "GovernorConfig", "Reason", "decide", "switchable"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,24 @@ class DecisionInput:
     the owner measures (and chose) is what the loop runs at."""
 
 
+class Reason(enum.Enum):
+    """Why :func:`decide` chose its point. Code acts on the member (and on
+    :attr:`Decision.capped`), never on the text, which is for people (logs, ``top``)."""
+
+    TUNING = "tuning"
+    """Auto-tune wants this point measured now."""
+    OWNER_CLOCKS = "untuned: the loop owner's clocks"
+    IDLE_LOWEST = "idle: lowest clocks"
+    BUDGET_LOWEST = "untuned under a power budget: lowest clocks"
+    OVER_CAP_STEP_DOWN = "untuned, over the power cap: one step down"
+    TOP_CLOCKS = "untuned: top clocks"
+    TUNED_POINT = "tuned point"
+    FASTEST_IN_BUDGET = "fastest within the power budget"
+    LEAST_ENERGY = "least energy within bounds"
+    CAP_OVER_HYSTERESIS = "power cap: switching domains hysteresis would have kept"
+    """Safety over hysteresis: every unlocked domain freed to get under the cap."""
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to write (only what changes) and why."""
@@ -151,8 +170,18 @@ class Decision:
     target: OperatingPoint
     writes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     predicted: Measurement | None = None
-    reason: str = ""
+    why: Reason = Reason.TUNED_POINT
     within_cap: bool = True
+    capped: bool = False
+    """A power cap (budget or thermal) moved the choice: a write that lowers a clock for it is
+    never held back (safety over dwell and hysteresis)."""
+    cap_w: float | None = None
+    """The cap that moved it, for the text."""
+
+    @property
+    def reason(self) -> str:
+        """The reason in words (for people: code reads :attr:`why` and :attr:`capped`)."""
+        return self.why.value if self.cap_w is None else f"power cap {self.cap_w:.2f} W: {self.why.value}"
 
 
 def switchable(domain: DomainSpec, expected_phase_s: float | None, factor: float) -> bool:
@@ -198,11 +227,11 @@ def decide(inp: DecisionInput) -> Decision:
 
     if inp.tuning_point is not None:
         target = OperatingPoint.of({d: hz for d, hz in inp.tuning_point.items() if d not in locked})
-        return Decision(inp.phase, target, _writes(target, current, locked), None, "tuning")
+        return Decision(inp.phase, target, _writes(target, current, locked), None, Reason.TUNING)
 
     if inp.model is None and inp.follows_owner and inp.phase is not Phase.IDLE:
         target = OperatingPoint.of(dict(current))
-        return Decision(inp.phase, target, MappingProxyType({}), None, "untuned: the loop owner's clocks")
+        return Decision(inp.phase, target, MappingProxyType({}), None, Reason.OWNER_CLOCKS)
 
     if inp.model is None and (inp.phase is Phase.IDLE or cfg.power_budget_w is not None):
         # Idle: nothing runs, so the lowest clocks cost nothing, but only for domains the
@@ -225,7 +254,7 @@ def decide(inp: DecisionInput) -> Decision:
             }
         target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
                                     **{d: spec.min_hz for d, spec in lower.items()}})
-        reason = "idle: lowest clocks" if inp.phase is Phase.IDLE else "untuned under a power budget: lowest clocks"
+        reason = Reason.IDLE_LOWEST if inp.phase is Phase.IDLE else Reason.BUDGET_LOWEST
         writes = _writes(target, current, locked)
         if cfg.power_budget_w is not None and inp.phase is not Phase.IDLE:
             # Written even where the clock already reads lowest: a domain still under its
@@ -251,8 +280,8 @@ def decide(inp: DecisionInput) -> Decision:
                 if step is not None:
                     freqs[name] = step
         target = OperatingPoint.of(freqs)
-        reason = "untuned, over the power cap: one step down" if over else "untuned: top clocks"
-        return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over)
+        reason = Reason.OVER_CAP_STEP_DOWN if over else Reason.TOP_CLOCKS
+        return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over, capped=over)
 
     if cfg.power_budget_w is not None:
         # Filling a budget runs at its edge: predict from the point tuning measured.
@@ -283,23 +312,26 @@ def decide(inp: DecisionInput) -> Decision:
             pred = model.predict(best, conservative=budget)
         if point_cap is None or pred.power_w + inp.power_bias_w <= point_cap:
             target = _merge(current, best, locked)
-            return Decision(inp.phase, target, _writes(target, current, locked), pred, "tuned point")
+            return Decision(inp.phase, target, _writes(target, current, locked), pred, Reason.TUNED_POINT)
     # A budget is a constraint to fill (the most work within it); a thermal cap alone only
     # bounds the least-energy point.
     objective: Objective = "time" if cfg.power_budget_w is not None else "energy"
     ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w,
                 objective=objective)
-    reason = "fastest within the power budget" if objective == "time" else "least energy within bounds"
+    reason = Reason.FASTEST_IN_BUDGET if objective == "time" else Reason.LEAST_ENERGY
+    capped = False
     if not ch.within_power and fixed:
         # Safety over hysteresis: free every unlocked domain before giving up on the cap.
         fixed = {d: current[d] for d in model.center if d in locked and d in current}
         ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w,
                     objective=objective)
-        reason = "power cap: switching domains hysteresis would have kept"
+        reason, capped = Reason.CAP_OVER_HYSTERESIS, True
+    cap_w = None
     if cap is not None and not math.isinf(cap) and best is not None and ch.point != best:
-        reason = f"power cap {cap:.2f} W: {reason}"
+        capped, cap_w = True, cap
     target = _merge(current, ch.point, locked)
-    return Decision(inp.phase, target, _writes(target, current, locked), ch.predicted, reason, ch.within_power)
+    return Decision(inp.phase, target, _writes(target, current, locked), ch.predicted, reason, ch.within_power,
+                    capped=capped, cap_w=cap_w)
 
 
 def _merge(current: Mapping[str, int], point: OperatingPoint, locked: frozenset[str]) -> OperatingPoint:

@@ -35,7 +35,7 @@ def hold_back(decision: Decision, current: Mapping[str, int]) -> Decision:
 
     Safety over dwell: a cap that needs a clock lower gets it at once.
     """
-    capped = "cap" in decision.reason or not decision.within_cap
+    capped = decision.capped or not decision.within_cap
     kept = {d: hz for d, hz in decision.writes.items() if capped and hz < current.get(d, hz + 1)}
     if len(kept) == len(decision.writes):
         return decision

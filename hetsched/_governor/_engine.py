@@ -379,7 +379,7 @@ class GovernorEngine:
         if decision.predicted is not None:
             p = decision.predicted.power_w
             self._max_pred = p if self._max_pred is None else max(self._max_pred, p)
-        if "cap" in decision.reason:
+        if decision.capped:
             self._capped += 1
         model = inp.model
         if model is not None and tuning_point is None:
