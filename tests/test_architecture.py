@@ -144,3 +144,13 @@ def test_event_loop_libraries_are_imported_only_by_the_loop_modules() -> None:
             if mods & {"asyncio", "trio", "sniffio"} or any(m.startswith(("asyncio.", "trio.")) for m in mods):
                 offenders.append(str(f.relative_to(REPO)))
     assert offenders == []
+
+
+def test_no_test_skips_over_a_module_of_ours() -> None:
+    """A broken hetsched module must fail its tests, never skip them: ``importorskip`` is for
+    optional third-party SDKs only."""
+    call = "importorskip(" + '"hetsched'
+    offenders = [f"{f.name}:{n}" for f in sorted((REPO / "tests").glob("*.py"))
+                 for n, line in enumerate(f.read_text().splitlines(), 1)
+                 if call in line.replace("'", '"')]
+    assert not offenders, offenders

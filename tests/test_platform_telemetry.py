@@ -235,8 +235,10 @@ async def test_body_error_propagates_and_stops_sampling(tmp_path: Path) -> None:
 
 @pytest.fixture
 def boards() -> Any:
-    """The twin's board builders (imported per test so a twin module being edited breaks only these)."""
-    return pytest.importorskip("hetsched.testing._boards")
+    """The twin's board builders (imported per test: a broken twin module fails only these tests)."""
+    import hetsched.testing._boards as boards
+
+    return boards
 
 
 @pytest.mark.parametrize("soc", ["rk3588", "orin-nx", "orin-agx", "orin-nano"])
@@ -274,7 +276,9 @@ async def test_outer_cancellation_closes_cleanly(tmp_path: Path) -> None:
 
 @pytest.fixture
 def live() -> Any:
-    return pytest.importorskip("hetsched._twin.live")
+    import hetsched._twin.live as live
+
+    return live
 
 
 def test_live_twin_load_shows_in_telemetry(tmp_path: Path, live: Any) -> None:

@@ -262,7 +262,6 @@ def test_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_plot_a_real_session_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("hetsched._trace")
     from hetsched.testing import build_board_tree
 
     root = build_board_tree(tmp_path / "rk3588", "rk3588")
