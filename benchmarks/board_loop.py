@@ -36,6 +36,7 @@ import anyio
 import numpy as np
 import onnx
 import onnxruntime as ort
+from _labels import MODELLED, labelled, twin
 from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import DeviceFailedError, EventInfo, Hooks, LiveTwin, Replanning, Session
@@ -205,7 +206,7 @@ def main() -> int:
     ap.add_argument("--ambient", type=float, default=82.0, help="the twin's ambient temperature in C")
     ap.add_argument("--failover-requests", type=int, default=5000)
     args = ap.parse_args()
-    print(json.dumps(anyio.run(main_async, args)))
+    print(json.dumps(labelled(anyio.run(main_async, args), board=twin("rk3588"), figures=MODELLED)))
     return 0
 
 

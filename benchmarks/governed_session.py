@@ -48,6 +48,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from _labels import MODELLED, labelled, twin
 
 from hetsched import EventInfo, Hooks, LiveTwin, Session, discover
 from hetsched.backends.sim import clock_from_root, twin_devices
@@ -307,10 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             "energy_vs_performance", "stage_energy_vs_performance")
     summary = {k: max((b["ratios"][k] for b in boards.values() if b["ratios"][k] is not None), default=None)
                for k in keys}
-    print(json.dumps({"benchmark": "governed_session", "model": MODEL, "frames": args.frames,
+    print(json.dumps(labelled({"benchmark": "governed_session", "model": MODEL, "frames": args.frames,
                       "deadline_ms": args.deadline_ms, "boards": boards, "summary": summary,
                       "knobs_restored": all(b["knobs_restored"] for b in boards.values()),
-                      "targets": TARGETS, "wall_s": time.perf_counter() - t0}))
+                      "targets": TARGETS, "wall_s": time.perf_counter() - t0},
+                              board=twin(*boards), figures=MODELLED)))
     return 0
 
 

@@ -63,6 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _governor_cases as gc  # noqa: E402
+from _labels import MODELLED, labelled, twin
 
 from hetsched import GovernorConfig, GovernorProfile, HetschedError, OperatingPoint  # noqa: E402
 
@@ -370,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def rounded(d: dict[str, Any]) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
-    print(json.dumps({
+    print(json.dumps(labelled({
         **summary,
         "targets": targets,
         "governor_slowdown_bound": gc.SLOWDOWN,
@@ -380,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": round(time.perf_counter() - wall0, 1),
         "cases": [rounded(c) for c in cases],
         "capped": [rounded(c) for c in capped],
-    }))
+    }, board=twin(*sorted({c["soc"] for c in cases})), figures=MODELLED)))
     return 0
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _governor_cases as gc  # noqa: E402
+from _labels import MODELLED, labelled, twin
 from governor import GRID_POINTS, WINDOWS, best_static, best_static_capped  # noqa: E402
 
 from hetsched import OperatingPoint, Phase  # noqa: E402
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = [c for c in cases if c["workload"] == "train"]
     infer = [c for c in cases if c["workload"] == "infer"]
     capped_rows = [k for c in cases for k in c.get("capped", [])]
-    print(json.dumps({
+    print(json.dumps(labelled({
         "frontier_energy_vs_performance": worst("frontier_energy_vs_performance", max, cases),
         "train_frontier_energy_vs_performance": worst("frontier_energy_vs_performance", max, train),
         "infer_frontier_energy_vs_performance": worst("frontier_energy_vs_performance", max, infer),
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quick": args.quick,
         "wall_s": round(time.perf_counter() - wall0, 1),
         "cases": cases,
-    }))
+    }, board=twin(*sorted({c["soc"] for c in cases})), figures=MODELLED)))
     return 0
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
+from _labels import host, labelled, measured
 
 from hetsched import Device, Session, load_model
 from hetsched.backends.cpu import CpuBackend
@@ -175,4 +176,4 @@ if __name__ == "__main__":
         r = anyio.run(main, sub)
         by_model[extra] = {k: r[k] for k in ("bare_ms", "ratio_1_stage", "ratio_4_stages", "ratio_split_in_thread")}
     result["by_model"] = by_model
-    print(json.dumps(result), file=sys.stdout)
+    print(json.dumps(labelled(result, board=host(), figures=measured("wall time"))), file=sys.stdout)

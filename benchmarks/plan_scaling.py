@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 import onnx
+from _labels import host, labelled, measured
 from onnx import TensorProto, helper
 
 from hetsched import load_model, resolve_devices
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if s1 and s10:
         out["meets_target"] = s10 <= 1.0 and s10 / s1 <= 12
-    print(json.dumps(out))
+    print(json.dumps(labelled(out, board=host(), figures=measured("planning wall time"))))
     return 0
 
 

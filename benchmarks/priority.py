@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from _labels import host, labelled, measured
 
 from hetsched import Device, Priority, Session
 from hetsched.lowlevel import Topology, rate_limited_copy
@@ -139,4 +140,4 @@ if __name__ == "__main__":
     ap.add_argument("--high-per-round", type=int, default=25)
     ap.add_argument("--interval-ms", type=float, default=15.0)
     ap.add_argument("--warm-s", type=float, default=0.3)
-    print(json.dumps(anyio.run(main, ap.parse_args())))
+    print(json.dumps(labelled(anyio.run(main, ap.parse_args()), board=host(), figures=measured("wall time"))))

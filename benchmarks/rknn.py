@@ -37,6 +37,7 @@ import anyio
 import numpy as np
 import onnx
 import onnxruntime as ort
+from _labels import MODELLED, labelled, twin
 
 from hetsched import Device, Session, resolve_devices
 from hetsched.backends.sim import clock_from_root, twin_devices
@@ -190,7 +191,7 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     ap.add_argument("--inputs", type=int, default=4, help="seeded random inputs per model for the accuracy check")
     args = ap.parse_args()
-    print(json.dumps(anyio.run(main_async, args)))
+    print(json.dumps(labelled(anyio.run(main_async, args), board=twin("rk3588"), figures="NPU numerics from Rockchip's rknn-toolkit2 simulator; times and energy " + MODELLED)))
     return 0
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from typing import Any
 
+from _labels import host, labelled, measured
+
 
 def bench_sample(soc: str, samples: int) -> dict[str, Any]:
     from hetsched import Telemetry, discover
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sim['sim_seconds_per_wall_second']:g} board s per wall s "
               f"({sim['sim_seconds_per_wall_second_with_snapshots']:g} when each decision builds a Snapshot)")
         result.update(sim)
-    print(json.dumps(result))
+    print(json.dumps(labelled(result, board=host(), figures=measured("sampling a twin's tree; sim speed in wall time"))))
     return 0
 
 

@@ -60,6 +60,7 @@ from typing import Any
 
 import anyio
 import onnxruntime as ort
+from _labels import host, labelled, measured
 
 from hetsched import Device, Session
 from hetsched.backends.cpu import CpuBackend
@@ -203,4 +204,4 @@ if __name__ == "__main__":
     ap.add_argument("--requests", type=int, default=240)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--clients", type=int, default=8)
-    print(json.dumps(anyio.run(main, ap.parse_args())))
+    print(json.dumps(labelled(anyio.run(main, ap.parse_args()), board=host(), figures=measured("wall time"))))

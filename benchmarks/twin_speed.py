@@ -14,6 +14,8 @@ import json
 import sys
 import time
 
+from _labels import host, labelled, measured
+
 from hetsched import PhaseWork, SimBoard, Snapshot
 
 
@@ -65,8 +67,9 @@ def main() -> int:
         rates[soc] = run(soc, args.seconds)
         print(f"{soc:8s} {rates[soc]:8.0f} simulated s per wall s")
     worst = min(rates.values())
-    print(json.dumps({"benchmark": "twin_speed", "per_board": {k: round(v) for k, v in rates.items()},
-                      "sim_seconds_per_wall_second": round(worst), "target": 360}))
+    print(json.dumps(labelled({"benchmark": "twin_speed", "per_board": {k: round(v) for k, v in rates.items()},
+                      "sim_seconds_per_wall_second": round(worst), "target": 360},
+                              board=host(), figures=measured("simulated seconds per wall second"))))
     return 0 if worst >= 360 else 1
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import numpy as np
 import onnxruntime as ort
+from _labels import host, labelled, measured
 
 from hetsched import Device, EventInfo, Hooks, Session
 from hetsched.policies import Pinned
@@ -122,4 +123,4 @@ if __name__ == "__main__":
     ap.add_argument("--model", default="squeezenet")
     ap.add_argument("--stages", type=int, default=6, help="units to cut the model into (>= 4 stages result)")
     ap.add_argument("--requests", type=int, default=200)
-    print(json.dumps(anyio.run(main, ap.parse_args())))
+    print(json.dumps(labelled(anyio.run(main, ap.parse_args()), board=host(), figures=measured("counted copies and pointers"))))

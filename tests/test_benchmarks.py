@@ -76,6 +76,9 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
         pytest.skip("no rknn-toolkit2 environment (hetsched setup rknn)")
     result = _run(name, args, tmp_path)
     assert fields <= set(result), sorted(fields - set(result))
+    # Labels that never fall off: where the figures come from, and whether modelled or measured.
+    assert result["board"].startswith(("twin:", "host:")), result["board"]
+    assert result["figures"].startswith(("modelled", "measured on ", "NPU numerics")), result["figures"]
     if name == "zero_copy.py":
         assert result["wrong_outputs"] == 0 and result["live_buffers_after"] == 0
         assert result["bytes_copied_same_domain"] == 0 and result["pointer_mismatches"] == 0
