@@ -19,6 +19,9 @@ The classes show as ``hetsched.lowlevel.X`` in reprs and docs.
 
 from ._estimators import power_estimator_for as power_estimator_for
 from ._governor import AxisTuner as AxisTuner
+from ._governor import Tuner as Tuner
+from ._governor import TunerFactory as TunerFactory
+from ._governor import TunerSettings as TunerSettings
 from ._planning.graph import GraphIndex as GraphIndex
 from ._planning.partition import extract_stage as extract_stage
 from ._planning.plan import build_plan as build_plan
@@ -56,6 +59,9 @@ __all__ = (
     "Topology",
     "TransferEngine",
     "TransferStatistics",
+    "Tuner",
+    "TunerFactory",
+    "TunerSettings",
     "build_plan",
     "extract_stage",
     "pin_current_thread",

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pytest
 
 from hetsched._governor import (
     AxisTuner,
+    DomainSpec,
     GovernorConfig,
     GovernorEngine,
     GovernorProfile,
     OperatingPoint,
     Phase,
+    PhaseModel,
+    Tuner,
+    TunerSettings,
+    TunerStatistics,
 )
 from hetsched._governor._model import Measurement
+from hetsched._governor._tuner import axis_tuner
 
 from _governor_fakes import TableBoard, additive_table, domains
 
@@ -267,3 +273,83 @@ def test_thermal_guard_keeps_the_zone_below_its_trip() -> None:
     assert board.max_temp < trip
     assert st.capped_decisions > 0 and st.thermal_zone == "soc"
     assert board.t > 300  # long enough to have reached the trip ungoverned
+
+
+class CountingTuner:
+    """A tuner of its own behind the :class:`Tuner` seam: it wraps the axis tuner and counts
+    what the engine asks of it (only the protocol's members exist here)."""
+
+    def __init__(self, inner: Tuner, calls: dict[str, int]) -> None:
+        self._inner = inner
+        self.calls = calls
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def propose(self) -> OperatingPoint | None:
+        self._count("propose")
+        return self._inner.propose()
+
+    def record(self, point: OperatingPoint, measurement: Measurement) -> None:
+        self._count("record")
+        self._inner.record(point, measurement)
+
+    def reject(self, point: OperatingPoint, power_w: float) -> None:
+        self._inner.reject(point, power_w)
+
+    def guarded(self, point: OperatingPoint) -> bool:
+        return self._inner.guarded(point)
+
+    def finish(self) -> bool:
+        return self._inner.finish()
+
+    def model(self) -> PhaseModel | None:
+        return self._inner.model()
+
+    def measured(self) -> list[tuple[OperatingPoint, Measurement]]:
+        return self._inner.measured()
+
+    @property
+    def center(self) -> OperatingPoint:
+        return self._inner.center
+
+    @property
+    def measurement_limit(self) -> int:
+        return self._inner.measurement_limit
+
+    @property
+    def cut_short(self) -> bool:
+        return self._inner.cut_short
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return self._inner.domains
+
+    @property
+    def done(self) -> bool:
+        return self._inner.done
+
+    def statistics(self) -> TunerStatistics:
+        return self._inner.statistics()
+
+
+def test_the_engine_drives_any_tuner_through_the_seam() -> None:
+    made: list[TunerSettings] = []
+    calls: dict[str, int] = {}
+
+    def factory(specs: Mapping[str, DomainSpec], tune: Sequence[str], settings: TunerSettings) -> Tuner:
+        made.append(settings)
+        return CountingTuner(axis_tuner(specs, tune, settings), calls)
+
+    assert isinstance(AxisTuner(domains(), ["gpu"], slowdown=0.05), Tuner)
+    board = TableBoard(table())
+    cfg = GovernorConfig(slowdown=0.05, tune_repeats=1, tune_levels=4)
+    engine = GovernorEngine(board, config=cfg, workload="fake-train", tuner_factory=factory)
+    engine.start()
+    run_training(board, engine, 250)
+    engine.close()
+    assert set(engine.statistics().tuned_phases) == set(TRAIN)
+    assert len(made) == len(TRAIN) and all(s.levels == 4 and s.repeats == 1 for s in made)
+    assert calls["record"] > 0 and calls["propose"] >= calls["record"]
+    for phase in (Phase.FORWARD, Phase.BACKWARD):  # the same optimum as without the wrapper
+        assert engine.models()[phase].best == brute_force(phase, ["cluster0", "gpu", "memory"], 0.05)

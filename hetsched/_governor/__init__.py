@@ -19,6 +19,7 @@ from ._ports import ClockPort, SimPort
 from ._profile import BoardId, GovernorProfile
 from ._thermal import RCFit, ThermalPrior, zone_power_cap
 from ._tuner import AxisTuner
+from ._tuner_seam import Tuner, TunerFactory, TunerSettings, TunerStatistics
 
 __all__ = [
     "AxisTuner",
@@ -45,6 +46,10 @@ __all__ = [
     "Reason",
     "SimPort",
     "ThermalPrior",
+    "Tuner",
+    "TunerFactory",
+    "TunerSettings",
+    "TunerStatistics",
     "advise_batch_size",
     "choose",
     "decide",

@@ -55,6 +55,7 @@ from ._profile import BoardId, GovernorProfile
 from ._published import Publisher
 from ._statistics import GovernorStatistics, PhaseStatistics
 from ._thermal import ThermalGuard
+from ._tuner_seam import TunerFactory
 from ._tuning import LoopUnit, PhaseTuning
 
 __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
@@ -85,6 +86,7 @@ class GovernorEngine:
         workload: str = "default",
         history: int = 256,
         dwell_s: float | None = None,
+        tuner_factory: TunerFactory | None = None,
     ) -> None:
         self.port = port
         self.config = config or GovernorConfig()
@@ -106,7 +108,8 @@ class GovernorEngine:
             self._models.update(profile.phases)
         self._successor: dict[Phase, Phase] = {}
         self._book = PhaseLedger()
-        self._tuning = PhaseTuning(self._models, self._book)
+        self._tuning = (PhaseTuning(self._models, self._book) if tuner_factory is None
+                        else PhaseTuning(self._models, self._book, tuner_factory=tuner_factory))
         # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
         # at phase boundaries; a simulation's (or another port's) counter is its own.
         self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))

@@ -42,7 +42,7 @@ the tuning has taken too many occurrences, :meth:`PhaseTuning.propose
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
 
 from .._errors import GovernorError
@@ -51,20 +51,9 @@ from ._points import DomainSpec, OperatingPoint
 from ._tuner_book import SampleBook, best_measured
 from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound, scaled
 from ._tuner_probes import faster_trade, joint_probe, physically_fits
+from ._tuner_seam import TunerSettings, TunerStatistics
 
-__all__ = ["AxisTuner", "TunerStatistics"]
-
-
-@dataclass(frozen=True)
-class TunerStatistics:
-    measurements: int
-    points: int
-    passes_done: int
-    done: bool
-    measurement_limit: int = 0
-    """The most measurements the tuner takes (:attr:`AxisTuner.measurement_limit`)."""
-    cut_short: bool = False
-    """Ended by :meth:`AxisTuner.finish` (the effort bound), on the best point measured by then."""
+__all__ = ["AxisTuner", "TunerStatistics", "axis_tuner"]
 
 
 _BUDGET_PASSES = 3
@@ -506,3 +495,18 @@ class AxisTuner:
             measurements=self._book.count, points=len(self._samples), passes_done=self._pass, done=self._done,
             measurement_limit=self._limit, cut_short=self._cut_short,
         )
+
+
+def axis_tuner(domains: Mapping[str, DomainSpec], tune: Sequence[str], settings: TunerSettings) -> AxisTuner:
+    """The :class:`~._tuner_seam.TunerFactory` :class:`~._tuning.PhaseTuning` uses by default."""
+    return AxisTuner(
+        domains,
+        tune,
+        slowdown=settings.slowdown,
+        power_cap_w=settings.power_cap_w,
+        levels=settings.levels,
+        passes=settings.passes,
+        repeats=settings.repeats,
+        guarded=settings.guarded,
+        measured_cap_w=settings.measured_cap_w,
+    )

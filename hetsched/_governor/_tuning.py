@@ -31,8 +31,9 @@ from ._meter import PhaseLedger
 from ._model import Measurement, PhaseModel
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
-from ._tuner import AxisTuner
+from ._tuner import axis_tuner
 from ._tuner_bounds import lead_in_floor, settled
+from ._tuner_seam import Tuner, TunerFactory, TunerSettings
 
 __all__ = ["LoopUnit", "PhaseTuning", "TunePlan", "plan_tuning"]
 
@@ -161,10 +162,12 @@ class PhaseTuning:
     model in ``models``; a tuned phase's measurements update its power bias in ``book``.
     """
 
-    def __init__(self, models: dict[Phase, PhaseModel], book: PhaseLedger) -> None:
+    def __init__(self, models: dict[Phase, PhaseModel], book: PhaseLedger, *,
+                 tuner_factory: TunerFactory = axis_tuner) -> None:
         self._models = models
         self._book = book
-        self.tuners: dict[Phase, AxisTuner] = {}
+        self._make_tuner = tuner_factory
+        self.tuners: dict[Phase, Tuner] = {}
         self.slow: dict[Phase, frozenset[str]] = {}
         """Per phase being tuned, the domains too slow to switch for it (see :class:`TunePlan`)."""
         self.untunable: set[Phase] = set()
@@ -204,17 +207,15 @@ class PhaseTuning:
             self.loop_owner = phase
         self.slow[phase] = plan.slow
         self._occurrences[phase] = 0
-        self.tuners[phase] = AxisTuner(
-            domains,
-            plan.tune,
+        self.tuners[phase] = self._make_tuner(domains, plan.tune, TunerSettings(
             slowdown=self.slowdown_for(phase, config),
             power_cap_w=config.budget_cap_w,
+            measured_cap_w=config.measured_cap_w,
             levels=config.tune_levels,
             passes=config.tune_passes,
             repeats=config.tune_repeats,
             guarded=config.guarded_probes,
-            measured_cap_w=config.measured_cap_w,
-        )
+        ))
 
     def slowdown_for(self, phase: Phase, config: GovernorConfig) -> float:
         """The slowdown bound ``phase`` is tuned to (:func:`~hetsched._governor._loop.slowdown_share`)."""
@@ -240,9 +241,9 @@ class PhaseTuning:
         Effort bound. Every occurrence counts, whether it measured anything or not (held,
         a settle run, a run re-decided under a cap); past
         :data:`OCCURRENCES_PER_MEASUREMENT` times the tuner's
-        :attr:`~hetsched._governor._tuner.AxisTuner.measurement_limit`, the tuning ends on
-        the best point measured (:meth:`AxisTuner.finish
-        <hetsched._governor._tuner.AxisTuner.finish>`), or, with nothing measured to build
+        :attr:`~hetsched._governor._tuner_seam.Tuner.measurement_limit`, the tuning ends on
+        the best point measured (:meth:`Tuner.finish
+        <hetsched._governor._tuner_seam.Tuner.finish>`), or, with nothing measured to build
         on, the phase is marked untunable. Either way it is in :attr:`cut_short`. A tuner
         also ends by itself at its measurement limit.
         """

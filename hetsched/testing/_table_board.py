@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from hetsched._errors import GovernorError
 from hetsched._governor._model import Measurement
 from hetsched._governor._points import DomainSpec, OperatingPoint
+from hetsched._governor._tuner_seam import Tuner
 
 __all__ = ["Optimum", "PhaseFunction", "TableBoard", "coupled_phase", "loop_measure", "tune_on"]
 
@@ -145,16 +146,15 @@ class TableBoard:
         return Optimum(best[1], best[2], Measurement(ref_t, ref_p))
 
 
-def tune_on(board: TableBoard, phase: str, tuner: object, *, limit: int = 2000) -> int:
-    """Drive ``tuner`` (an :class:`~hetsched.lowlevel.AxisTuner`) on ``phase`` until done; returns the runs.
+def tune_on(board: TableBoard, phase: str, tuner: Tuner, *, limit: int = 2000) -> int:
+    """Drive ``tuner`` (a :class:`~hetsched.lowlevel.Tuner`, e.g. an ``AxisTuner``) on ``phase`` until
+    done; returns the runs.
 
     :raises GovernorError: the tuner has not finished after ``limit`` runs.
     """
     n = 0
-    propose: Callable[[], OperatingPoint | None] = tuner.propose  # type: ignore[attr-defined]
-    record: Callable[[OperatingPoint, Measurement], None] = tuner.record  # type: ignore[attr-defined]
-    while (pt := propose()) is not None:
-        record(pt, board.measure(phase, pt))
+    while (pt := tuner.propose()) is not None:
+        tuner.record(pt, board.measure(phase, pt))
         n += 1
         if n >= limit:
             raise GovernorError(f"tuner not done after {limit} runs of {phase!r}")
