@@ -110,9 +110,15 @@ def test_without_evidence_the_module_table_counts_dla_cores(tmp_path: Path) -> N
     assert [d.name for d in resolve_devices(["dla"], root=fs)] == ["dla:0", "dla:1"]
 
 
-def test_the_rk3588_gpu_has_no_backend(trees: dict[str, Path]) -> None:
-    with pytest.raises(DeviceSpecError, match="the RK3588's Mali GPU has no backend in hetsched; its NPU is 'npu'"):
+def test_the_rk3588_gpu_is_the_mali_through_ncnn_only_when_ncnn_finds_a_gpu(
+        trees: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import hetsched.backends._ncnn_devices as nd
+
+    monkeypatch.setattr(nd, "hardware_reason", lambda: "ncnn finds only a software Vulkan device (llvmpipe)")
+    with pytest.raises(DeviceSpecError, match="runs through ncnn, which cannot run here: ncnn finds only a software"):
         resolve_devices(["gpu"], root=RealBoardRoot(trees["rk3588"]))
+    with pytest.raises(DeviceSpecError, match="no DLA"):
+        resolve_devices(["dla"], root=RealBoardRoot(trees["rk3588"]))
 
 
 def test_a_twin_root_keeps_its_simulated_devices(trees: dict[str, Path]) -> None:
@@ -155,7 +161,10 @@ def test_without_tensorrt_the_gpu_and_dla_are_left_out_with_a_note(
     assert jetson_device_notes(nano, reason=lambda: why)[0].startswith("gpu: left out of the orin-nano")
 
 
-def test_default_specs_elsewhere_are_the_clusters(trees: dict[str, Path]) -> None:
+def test_default_specs_elsewhere_are_the_clusters(trees: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    import hetsched.backends._ncnn_devices as nd
+
+    monkeypatch.setattr(nd, "hardware_reason", lambda: "no Vulkan device")  # the RK3588's Mali: no ncnn GPU
     assert default_host_specs(RealBoardRoot(trees["rk3588"]), reason=lambda: None) == ["clusters"]
     assert default_host_specs(SysfsRoot(trees["orin-agx"]), reason=lambda: None) == ["clusters"]  # a twin's tree
     assert jetson_device_notes(SysfsRoot(trees["orin-agx"]), reason=lambda: "x") == []

@@ -15,6 +15,7 @@ from typing import Any, Literal
 __all__ = [
     "DomainLimits",
     "Finding",
+    "NcnnState",
     "ProbeResult",
     "SdkState",
     "SensorRead",
@@ -449,6 +450,21 @@ class SdkState:
     """Why the toolkit environment is unusable, or None when found."""
     tensorrt: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)
+    ncnn: NcnnState | None = None
+    """ncnn and the Vulkan devices it finds (None: not looked at)."""
+
+
+@dataclass(frozen=True)
+class NcnnState:
+    reason: str | None
+    """Why ncnn cannot run a stage here (ncnn, pnnx or a Vulkan device missing), or None."""
+    hardware_reason: str | None
+    """Why ncnn has no GPU here (``reason``, or only a software Vulkan driver such as lavapipe), or None."""
+    devices: tuple[str, ...] = ()
+    """The Vulkan devices ncnn finds: name, type, vendor, Vulkan and driver versions, heap budget."""
+
+
+_NEVER_RUN = "importable; never run on hardware by this project"
 
 
 def check_sdks(soc: str | None, sdk: SdkState, *, simulated: bool) -> list[Finding]:
@@ -464,7 +480,7 @@ def check_sdks(soc: str | None, sdk: SdkState, *, simulated: bool) -> list[Findi
     status: Status = "ok" if simulated else "warn"
     if soc.startswith("rk35"):
         if sdk.rknn_lite:
-            out.append(_ok("sdk", "rknn-toolkit-lite2", "rknn-toolkit-lite2 importable (runs on the NPU)"))
+            out.append(_ok("sdk", "rknn-toolkit-lite2", f"rknn-toolkit-lite2 {_NEVER_RUN} (runs on the NPU)"))
         else:
             out.append(Finding("sdk", status, "rknn-toolkit-lite2", "rknn-toolkit-lite2 is not installed" + twin_note,
                                "" if simulated else "pip install 'hetsched[rknn]' on the board to run stages on the NPU"))
@@ -474,9 +490,10 @@ def check_sdks(soc: str | None, sdk: SdkState, *, simulated: bool) -> list[Findi
             out.append(Finding("sdk", "ok", "rknn-toolkit2",
                                f"no RKNN toolkit environment: {sdk.rknn_toolkit}" + twin_note,
                                "" if simulated else "`hetsched setup rknn` on an x86-64 host to compile models offline"))
+        out.extend(_check_ncnn(sdk.ncnn, simulated=simulated))
     elif soc.startswith(("orin", "tegra", "jetson")):
         if sdk.tensorrt:
-            out.append(_ok("sdk", "tensorrt", "TensorRT importable"))
+            out.append(_ok("sdk", "tensorrt", f"TensorRT {_NEVER_RUN} (its GPU and DLA devices are opt-in)"))
         else:
             out.append(Finding("sdk", status, "tensorrt", "TensorRT's Python bindings are not importable" + twin_note,
                                "" if simulated else "install JetPack's python3-libnvinfer (or pip install 'hetsched[tensorrt]')"))
@@ -487,3 +504,19 @@ def check_sdks(soc: str | None, sdk: SdkState, *, simulated: bool) -> list[Findi
             out.append(Finding("sdk", status, "onnxruntime-gpu", "onnxruntime has no CUDA/TensorRT provider" + twin_note,
                                "" if simulated else "install the onnxruntime-gpu wheel for your JetPack from the Jetson Zoo"))
     return out
+
+
+def _check_ncnn(state: NcnnState | None, *, simulated: bool) -> list[Finding]:
+    """The RK3588's Mali GPU through ncnn over Vulkan: what ncnn finds, and what to install."""
+    if state is None:
+        return []
+    found = "; ".join(state.devices) or "none"
+    if simulated:
+        if state.reason is None:
+            return [_ok("sdk", "ncnn", f"ncnn runs the twin's gpu:ncnn on this host's Vulkan device: {found}")]
+        return [_ok("sdk", "ncnn", f"ncnn cannot run here: {state.reason} (only needed for the twin's gpu:ncnn)")]
+    if state.hardware_reason is None:
+        return [_ok("sdk", "ncnn", f"the Mali GPU runs through ncnn; Vulkan devices: {found}")]
+    return [Finding("sdk", "warn", "ncnn", f"the Mali GPU is left out: {state.hardware_reason}",
+                    "pip install 'hetsched[ncnn]' and install the Mali's Vulkan driver (Arm's libmali with Vulkan, "
+                    "or Mesa's panvk)")]

@@ -26,6 +26,7 @@ from .._platform.power import find_ina3221
 from ._doctor_checks import (
     DomainLimits,
     Finding,
+    NcnnState,
     ProbeResult,
     SdkState,
     SensorRead,
@@ -197,7 +198,16 @@ def read_sdks() -> SdkState:
     except HetschedError as exc:
         toolkit = str(exc)
     return SdkState(version, providers, rknn_lite=importlib.util.find_spec("rknnlite") is not None,
-                    rknn_toolkit=toolkit, tensorrt=importlib.util.find_spec("tensorrt") is not None)
+                    rknn_toolkit=toolkit, tensorrt=importlib.util.find_spec("tensorrt") is not None,
+                    ncnn=read_ncnn())
+
+
+def read_ncnn() -> NcnnState:
+    """ncnn and the Vulkan devices it finds (ncnn is imported: it starts Vulkan once)."""
+    from hetsched.backends._ncnn_convert import ncnn_unavailable_reason, vulkan_devices
+    from hetsched.backends._ncnn_devices import hardware_reason
+
+    return NcnnState(ncnn_unavailable_reason(), hardware_reason(), tuple(d.describe() for d in vulkan_devices()))
 
 
 def _probe(fs: SysfsRoot, *, settle_s: float, sleep: Callable[[float], None],

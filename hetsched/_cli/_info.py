@@ -80,6 +80,10 @@ def format_table(info: dict[str, Any]) -> str:
     for r in info["power_rails"]:
         sensor = f" ({r['sensor']})" if r.get("sensor") and r["sensor"] != "model" else ""
         lines.append(f"  {r['name']:<20} {r['source']}{sensor}")
+    if "vulkan" in info:  # the RK3588's Mali GPU runs through ncnn over Vulkan
+        lines.append("")
+        lines.append("GPU compute (ncnn over Vulkan)")
+        lines.extend(f"  {v}" for v in info["vulkan"] or ["(no Vulkan device: pip install 'hetsched[ncnn]' and a Vulkan driver)"])
     for note in info.get("notes", ()):
         lines.append(f"note: {note}")
     return "\n".join(lines)
@@ -92,5 +96,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(platform.to_json() + "\n")
     else:
-        sys.stdout.write(format_table(platform.to_dict()) + "\n")
+        info = platform.to_dict()
+        if str(info.get("soc") or "").startswith("rk35"):
+            from hetsched.backends._ncnn_convert import vulkan_devices
+
+            info["vulkan"] = [d.describe() for d in vulkan_devices()]
+        sys.stdout.write(format_table(info) + "\n")
     return 0

@@ -125,7 +125,7 @@ def board_specs(board: BoardRoot, npu_specs: Sequence[str] = ()) -> list[str]:
     roles = {d.options.get("role") for d in board.clusters}
     out = ["clusters", "cpu", *(r for r in ("big", "little", "mid") if r in roles or (r != "mid" and roles == {"cpu"}))]
     if any(d.kind == "gpu" for d in board.twins):
-        out.extend(_GPU_SPECS)
+        out.extend((*_GPU_SPECS, "gpu:ncnn"))
     if board.npu is not None:
         out.extend(npu_specs)
     dla = board.dla
@@ -190,6 +190,10 @@ def resolve_board_spec(spec: str, s: str, board: BoardRoot, npu_specs: Sequence[
             chosen = clusters  # clusters all alike: each is both big and little
     elif s in _GPU_SPECS:
         chosen = [d for d in board.twins if d.kind == "gpu"]
+    elif s == "gpu:ncnn":  # the twin's GPU computed by ncnn on this host's Vulkan device, its time modelled
+        from hetsched.backends._ncnn_devices import ncnn_gpu_device
+
+        chosen = [ncnn_gpu_device(spec, base=d) for d in board.twins if d.kind == "gpu"]
     elif s == "dla":
         chosen = board.dla
     elif s in npu_specs:

@@ -301,6 +301,11 @@ def resolve_devices(
         if board is not None and not s.startswith("cpu:"):
             out.extend(_board_spec(spec, s, board, fs))
             continue
+        if s == "gpu:ncnn":  # the host's Vulkan device through ncnn
+            from hetsched.backends._ncnn_devices import ncnn_gpu_device
+
+            out.append(ncnn_gpu_device(spec))
+            continue
         if is_gpu_spec(s):
             out.extend(jetson_gpu_devices(spec, s, fs))
             continue

@@ -11,8 +11,11 @@ with neither, from NVIDIA's module data: AGX Orin and Orin NX 16GB two, Orin Nan
 devices tell).
 
 Default devices (:func:`default_host_specs`, for ``resolve_devices(None)`` on ``/``): on a
-real Orin every CPU cluster, the GPU and every DLA core when the ``tensorrt`` backend can run
-here (TensorRT's bindings and cuda-python import and CUDA answers); otherwise the clusters only,
+real Orin every CPU cluster, and the GPU and every DLA core only when the ``tensorrt`` backend can
+run here (TensorRT's bindings and cuda-python import and CUDA answers) *and* they are opted in
+(``HETSCHED_ORIN_GPU_DEFAULT=1``; named specs always work): this project's TensorRT path has
+never run on a GPU. On a real RK3588 the clusters and its Mali GPU (``gpu``, through ncnn) when
+ncnn finds a hardware Vulkan device. Otherwise the clusters only,
 and :func:`jetson_device_notes` says why the GPU and DLA cores were left out, as the RK3588 NPU
 is left out without its toolkit (a ``hetsched.devices`` log warning is written too).
 """
@@ -29,7 +32,7 @@ from .._errors import DeviceSpecError
 from .._platform import devfreq, soc
 from .._platform._fs import SysfsRoot
 
-__all__ = ["JETSON_GPU_SOCS", "default_host_specs", "dla_core_count", "is_gpu_spec", "jetson_device_notes",
+__all__ = ["GPU_DEFAULT_ENV", "JETSON_GPU_SOCS", "NEVER_RUN", "default_host_specs", "dla_core_count", "is_gpu_spec", "jetson_device_notes",
            "jetson_gpu_devices", "jetson_soc"]
 
 log = logging.getLogger("hetsched.devices")
@@ -93,9 +96,13 @@ def jetson_gpu_devices(spec: str, s: str, fs: SysfsRoot) -> list[Device]:
     compatible = soc.read_compatible(fs)
     soc_name = soc.identify_soc(compatible, fs.read_text("etc/nv_tegra_release"))
     if soc_name not in JETSON_GPU_SOCS:
+        if soc_name == "rk3588" and m.group("kind") == "gpu" and m.group("index") in (None, "0") and not m.group("ort"):
+            from hetsched.backends._ncnn_devices import ncnn_gpu_device
+
+            return [ncnn_gpu_device(spec, soc=soc_name)]  # the Mali-G610 through ncnn over Vulkan
         if soc_name == "rk3588":
-            raise DeviceSpecError(f"device spec {spec!r}: the RK3588's Mali GPU has no backend in hetsched; its NPU "
-                                  "is 'npu' (the GPU and DLA backends target Jetson Orin)")
+            raise DeviceSpecError(f"device spec {spec!r}: the RK3588 has one GPU, its Mali (gpu, through ncnn) "
+                                  "and no DLA; its NPU is 'npu'")
         raise DeviceSpecError(
             f"device spec {spec!r}: no Jetson Orin under {str(fs.root)!r} (looked for a tegra234 device-tree "
             f"compatible with an Orin module number and etc/nv_tegra_release; found {soc_name or 'neither'}); "
@@ -142,10 +149,38 @@ def jetson_soc(fs: SysfsRoot) -> str | None:
     return name if name in JETSON_GPU_SOCS else None
 
 
+def _is_real_rk3588(fs: SysfsRoot) -> bool:
+    return fs.is_host_root and soc.identify_soc(soc.read_compatible(fs), fs.read_text("etc/nv_tegra_release")) == "rk3588"
+
+
+def _mali_notes(fs: SysfsRoot) -> list[str]:
+    """On a real RK3588 (the host's ``/``): why its Mali GPU is left out of the default devices."""
+    if not _is_real_rk3588(fs):
+        return []
+    from hetsched.backends._ncnn_devices import mali_note
+
+    note = mali_note()
+    return [note] if note else []
+
+
+GPU_DEFAULT_ENV = "HETSCHED_ORIN_GPU_DEFAULT"
+"""Set to ``1`` to put a real Orin's GPU and DLA cores into its default devices when TensorRT can run."""
+
+NEVER_RUN = (f"opt-in until this project's TensorRT path has run on a GPU: name them (devices=['gpu', 'dla']) "
+             f"or set {GPU_DEFAULT_ENV}=1")
+
+
 def _tensorrt_reason() -> str | None:
+    """Why a real Orin's default devices leave the GPU and DLA out: TensorRT cannot run, or (when it
+    can) the path is opt-in, having never run on a GPU (:data:`NEVER_RUN`)."""
+    import os
+
     from hetsched.backends.tensorrt import tensorrt_unavailable_reason
 
-    return tensorrt_unavailable_reason()
+    why = tensorrt_unavailable_reason()
+    if why is None and os.environ.get(GPU_DEFAULT_ENV) != "1":
+        return NEVER_RUN
+    return why
 
 
 def jetson_device_notes(fs: SysfsRoot, reason: Callable[[], str | None] = _tensorrt_reason) -> list[str]:
@@ -153,7 +188,7 @@ def jetson_device_notes(fs: SysfsRoot, reason: Callable[[], str | None] = _tenso
     the ``tensorrt`` backend cannot run here (``reason``: why not, or None). Empty elsewhere."""
     name = jetson_soc(fs)
     if name is None:
-        return []
+        return _mali_notes(fs)
     why = reason()
     if why is None:
         return []
@@ -169,7 +204,12 @@ def default_host_specs(fs: SysfsRoot, reason: Callable[[], str | None] = _tensor
     ``hetsched.devices`` warning says why (:func:`jetson_device_notes`)."""
     name = jetson_soc(fs)
     if name is None:
-        return ["clusters"]
+        if not _is_real_rk3588(fs):
+            return ["clusters"]
+        notes = _mali_notes(fs)
+        for note in notes:
+            log.warning("%s", note)
+        return ["clusters", *([] if notes else ["gpu"])]  # the Mali through ncnn when it can run
     notes = jetson_device_notes(fs, reason)
     if notes:
         for note in notes:
