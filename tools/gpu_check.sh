@@ -85,14 +85,14 @@ echo "GPU test files: $GPU_TESTS"
 PYTEST=(env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -P -m pytest -p anyio.pytest_plugin -p pytest_asyncio.plugin
         -p pytest_timeout -p no:cacheprovider -o addopts= -q -rs)
 step pytest-gpu 90 "${PYTEST[@]}" --basetemp=/tmp/hs_pt1 -m gpu --junitxml="$OUT/junit_gpu.xml" $GPU_TESTS
-NCNN_TESTS=$(ls tests/test_ncnn*.py 2>/dev/null | tr '\n' ' ')
-[ -n "$NCNN_TESTS" ] && step pytest-ncnn 120 "${PYTEST[@]}" --basetemp=/tmp/hs_pt2 --junitxml="$OUT/junit_ncnn.xml" $NCNN_TESTS
-
 # -- 5. the CUDA memory path through hetsched's own code --------------------------------------------
 step gpu-probe 120 "$PY" -P tools/gpu_probe.py "$OUT/probe.json"
 
+NCNN_TESTS=$(ls tests/test_ncnn*.py 2>/dev/null | tr '\n' ' ')
+[ -n "$NCNN_TESTS" ] && step pytest-ncnn 90 "${PYTEST[@]}" --basetemp=/tmp/hs_pt2 --junitxml="$OUT/junit_ncnn.xml" $NCNN_TESTS
+
 # -- 6. whole models through the ncnn backend on NVIDIA's Vulkan driver ------------------------------
-step ncnn-gpu-probe 120 "$PY" -P tools/ncnn_gpu_probe.py "$OUT/ncnn_gpu.json" "${NCNN_REPS:-10}"
+step ncnn-gpu-probe 100 "$PY" -P tools/ncnn_gpu_probe.py "$OUT/ncnn_gpu.json" "${NCNN_REPS:-10}"
 
 echo
 echo "=== summary: ${SUMMARY[*]}"
