@@ -135,7 +135,7 @@ class VulkanInfo:
                 f"driver {self.driver_version:#x}{mem})")
 
 
-_TYPES = {0: "integrated", 1: "discrete", 2: "virtual", 3: "cpu"}
+_TYPES = {0: "discrete", 1: "integrated", 2: "virtual", 3: "cpu"}  # ncnn GpuInfo::type()
 
 
 def vulkan_devices() -> list[VulkanInfo]:

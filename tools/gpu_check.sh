@@ -3,7 +3,7 @@
 #
 # Run from the repository root as the device tool sends it (the working tree), with these ignored
 # folders carried beside it (`.git/info/exclude` lists them):
-#   .whl/   cp312 wheels of what the machine's image lacks: ncnn, pnnx, pytest-asyncio, trio, outcome,
+#   .whl/   cp312 wheels of what the machine's image lacks: ncnn, pnnx, pytest-asyncio, trio, outcome, sniffio,
 #           pyudev (python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ...)
 # (HS_NO_WHEELS=1: use the Python environment as it is, e.g. a dry run with PYTHON=.venv/bin/python)
 #   .gl/    Debian libvulkan1 + libglvnd debs (the Vulkan loader; the NVIDIA ICD is the machine's)
