@@ -36,6 +36,7 @@ from ._errors import InvalidModelError as InvalidModelError
 from ._errors import ModelError as ModelError
 from ._errors import ModelFormatError as ModelFormatError
 from ._errors import ModelNotFoundError as ModelNotFoundError
+from ._errors import NotRegularFileError as NotRegularFileError
 from ._errors import PartitionError as PartitionError
 from ._errors import PathOutsideRootError as PathOutsideRootError
 from ._errors import PlacementError as PlacementError
@@ -47,6 +48,7 @@ from ._errors import StageExecutionError as StageExecutionError
 from ._errors import SysfsError as SysfsError
 from ._errors import SysfsPermissionError as SysfsPermissionError
 from ._errors import ToolkitWorkerError as ToolkitWorkerError
+from ._errors import TraceWriteError as TraceWriteError
 from ._errors import TransferError as TransferError
 from ._errors import TwinError as TwinError
 from ._errors import UnknownSocError as UnknownSocError
@@ -197,6 +199,7 @@ __all__ = (
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
+    "NotRegularFileError",
     "OperatingPoint",
     "Outputs",
     "PartitionError",
@@ -238,6 +241,7 @@ __all__ = (
     "Telemetry",
     "TelemetryStatistics",
     "ToolkitWorkerError",
+    "TraceWriteError",
     "TransferError",
     "TransferInfo",
     "TripInfo",

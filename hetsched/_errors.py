@@ -36,7 +36,9 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     │   ├── FrequencyLockError          a domain's clock did not follow the written value
     │   ├── GovernorBusyError           another hetsched governor owns this root's clocks
     │   └── PowerBudgetError            (+ ValueError) no operating point fits the power budget
-    └── ProfileError                    (+ ValueError) a saved profile/JSON file is malformed
+    ├── ProfileError                    (+ ValueError) a saved profile/JSON file is malformed
+    ├── NotRegularFileError             (+ ValueError) a file to read is a FIFO, device, socket or directory
+    └── TraceWriteError                 (+ OSError) the trace file could not be written (disk full...)
 
 Errors from onnxruntime and the OS are translated at the boundary with
 ``raise ... from exc`` so the original stays visible as ``__cause__``.
@@ -63,6 +65,7 @@ __all__ = [
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
+    "NotRegularFileError",
     "PartitionError",
     "PathOutsideRootError",
     "PlacementError",
@@ -74,6 +77,7 @@ __all__ = [
     "SysfsError",
     "SysfsPermissionError",
     "ToolkitWorkerError",
+    "TraceWriteError",
     "TransferError",
     "TwinError",
     "UnknownSocError",
@@ -283,3 +287,38 @@ class ProfileError(HetschedError, ValueError):
 
 class UnsupportedGovernorError(GovernorError, ValueError):
     """A cpufreq/devfreq governor name is not in the domain's available list (the message shows it)."""
+
+
+class NotRegularFileError(HetschedError, ValueError):
+    """A path hetsched reads whole (a model or its external data, a trace, calibration data, a
+    manifest) is a FIFO, a character device, a socket or a directory (or a link to one): it is
+    refused before anything is read from it. ``path`` names it, ``kind`` says what it is."""
+
+    path: str
+    kind: str
+
+    def __init__(self, message: str, *, path: str = "", kind: str = ""):
+        super().__init__(message)
+        self.path = path
+        self.kind = kind
+
+
+class TraceWriteError(HetschedError, OSError):
+    """The session's trace file could not be written (the disk filled up, say). Raised when the
+    session closes, after every request was answered; the requests' results are unaffected.
+    ``path`` names the file, ``events_written`` how many events it holds, and ``complete`` says
+    whether the file was still ended as valid JSON (else it stops after the last whole event,
+    at byte ``size``)."""
+
+    path: str
+    events_written: int
+    size: int
+    complete: bool
+
+    def __init__(self, message: str, *, path: str = "", events_written: int = 0, size: int = 0,
+                 complete: bool = False):
+        super().__init__(message)
+        self.path = path
+        self.events_written = events_written
+        self.size = size
+        self.complete = complete
