@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -178,7 +177,7 @@ class Adapter:
             kind = _kind(reason)
             self._reasons[kind] = self._reasons.get(kind, 0) + 1
             self._last_reason = reason
-            self._last_replan = time.monotonic()
+            self._last_replan = self._perf()
             listeners = self._dispatch.listeners[Event.REPLAN]
             if listeners:
                 info = EventInfo(Event.REPLAN, self._perf(), extra=ReplanInfo(
@@ -309,7 +308,7 @@ class Adapter:
         assert config is not None
         while True:
             await anyio.sleep(config.period_s)
-            if self._lock.locked() or time.monotonic() - self._last_replan < config.min_interval_s:
+            if self._lock.locked() or self._perf() - self._last_replan < config.min_interval_s:
                 continue
             states = await anyio.to_thread.run_sync(self._sample)
             reason = None

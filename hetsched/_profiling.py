@@ -37,7 +37,8 @@ def unit_stage_specs(index: GraphIndex, plan: Plan) -> list[StageSpec]:
 
 
 def profile_units(index: GraphIndex, plan: Plan, feeds: dict[str, Any], repeats: int, costs: CostTable,
-                  progress: ProgressCallback | None = None) -> None:
+                  progress: ProgressCallback | None = None, *,
+                  perf_counter: Callable[[], float] = time.perf_counter) -> None:
     """Run each unit of ``plan`` alone, in topological order, on each device that is a
     candidate for every unit that runs as a stage of its own (pinned to its CPUs), and put
     the median of ``repeats`` runs into ``costs`` under the unit's key. Units that only
@@ -74,9 +75,9 @@ def profile_units(index: GraphIndex, plan: Plan, feeds: dict[str, Any], repeats:
                     # seconds) is measured by it, as the runtime learns it
                     own = getattr(compiled, "last_run_seconds", None)
                     for _ in range(max(1, repeats)):
-                        t0 = time.perf_counter()
+                        t0 = perf_counter()
                         out = compiled.run(stage_feeds)
-                        times.append(time.perf_counter() - t0 if not callable(own) else float(own()))
+                        times.append(perf_counter() - t0 if not callable(own) else float(own()))
                     for name, v in zip(compiled.output_names, out, strict=False):
                         values[name] = v
                     times.sort()

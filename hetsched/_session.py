@@ -15,6 +15,7 @@ helpers and :class:`~hetsched.SyncSession` have their own modules (``_feeds``, `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -378,7 +379,8 @@ class Session(SessionBase):
         index = self._require_index()
         plan = self.plan
         checked = core.check_feeds(feeds) if feeds is not None else random_feeds(index)
-        await anyio.to_thread.run_sync(profile_units, index, plan, checked, repeats, self.costs, progress)
+        measure = functools.partial(profile_units, perf_counter=self._clock.perf_counter)
+        await anyio.to_thread.run_sync(measure, index, plan, checked, repeats, self.costs, progress)
         await self._stop_workers()
         await self._replan(use_costs=True)
         self._start_workers()

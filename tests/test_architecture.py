@@ -154,3 +154,24 @@ def test_no_test_skips_over_a_module_of_ours() -> None:
                  for n, line in enumerate(f.read_text().splitlines(), 1)
                  if call in line.replace("'", '"')]
     assert not offenders, offenders
+
+
+CLOCK_READS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns"}
+
+
+def test_the_session_and_runtime_layers_read_only_the_injected_clock() -> None:
+    """A session takes ``clock=``: every time it reads goes through it (a virtual clock in the
+    tests, the system clock otherwise). Only the clock module itself names ``time.monotonic``
+    and ``time.perf_counter``; a default argument value (``clock=time.perf_counter``) is an
+    injection point, not a read."""
+    offenders = []
+    for rel, (part, _) in _modules().items():
+        if not (part in SESSION or part == "_runtime") or rel.endswith("_runtime/_clock.py"):
+            continue
+        tree = ast.parse((REPO / rel).read_text(), rel)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in CLOCK_READS and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "time"):
+                offenders.append(f"{rel}:{node.lineno}: time.{node.func.attr}()")
+    assert not offenders, offenders
