@@ -154,37 +154,83 @@ class Adapter:
             previous one stays in place).
         """
         async with self._lock:
-            t0 = self._perf()
-            excluded = self.failover.quarantined if self.failover is not None else ()
-            if sample and self.config is not None:
-                states = await anyio.to_thread.run_sync(self._sample)
-                if states:
-                    self._states = dict(states)
-                    self._flags, _ = decide_replan(self.config, self._flags, states)
-            try:
-                plan, stages = await self.plan_in_thread(excluded, self._states, use_costs)
-            except HetschedError as exc:
-                self._failed += 1
-                self._last_error = f"{reason}: {exc}"
-                raise
-            old = self._scheduler.generation
-            old_plan = old.plan if old is not None else None
-            old_assignment = dict(old_plan.placement.assignment) if old_plan is not None else {}
-            self._install(plan, stages, self.on_drained)
-            moved = sum(1 for u, d in plan.placement.assignment.items() if old_assignment.get(u) not in (None, d))
-            self._number += 1
-            self._replans += 1
-            kind = _kind(reason)
-            self._reasons[kind] = self._reasons.get(kind, 0) + 1
-            self._last_reason = reason
-            self._last_replan = self._perf()
-            listeners = self._dispatch.listeners[Event.REPLAN]
-            if listeners:
-                info = EventInfo(Event.REPLAN, self._perf(), extra=ReplanInfo(
-                    reason, self._number, moved, tuple(excluded), self._perf() - t0))
-                for fn in listeners:
-                    fn(info)
-            return plan
+            return await self._replan_locked(reason, use_costs=use_costs, sample=sample)
+
+    async def _replan_locked(self, reason: str, *, use_costs: bool = False, sample: bool = True) -> Any:
+        t0 = self._perf()
+        if sample and self.config is not None:
+            states = await anyio.to_thread.run_sync(self._sample)
+            if states:
+                self._states = dict(states)
+                self._flags, _ = decide_replan(self.config, self._flags, states)
+        try:
+            plan, stages, excluded = await self.plan_without_quarantined((), use_costs)
+        except HetschedError as exc:
+            self._failed += 1
+            self._last_error = f"{reason}: {exc}"
+            raise
+        old = self._scheduler.generation
+        old_plan = old.plan if old is not None else None
+        old_assignment = dict(old_plan.placement.assignment) if old_plan is not None else {}
+        self._install(plan, stages, self.on_drained)
+        moved = sum(1 for u, d in plan.placement.assignment.items() if old_assignment.get(u) not in (None, d))
+        self._number += 1
+        self._replans += 1
+        kind = _kind(reason)
+        self._reasons[kind] = self._reasons.get(kind, 0) + 1
+        self._last_reason = reason
+        self._last_replan = self._perf()
+        listeners = self._dispatch.listeners[Event.REPLAN]
+        if listeners:
+            info = EventInfo(Event.REPLAN, self._perf(), extra=ReplanInfo(
+                reason, self._number, moved, tuple(excluded), self._perf() - t0))
+            for fn in listeners:
+                fn(info)
+        return plan
+
+    async def plan_without_quarantined(self, excluded: Sequence[str], use_costs: bool,
+                                       ) -> tuple[Any, Any, tuple[str, ...]]:
+        """A plan (and its compiled stages) over the devices neither in ``excluded`` nor
+        quarantined, and the devices it left out.
+
+        A device may be quarantined while the plan is being made (its stages fail in the worker
+        threads meanwhile): a plan that comes back using one is closed and made again without
+        it, so a re-plan that began before a device failed (``replan()``, the monitor,
+        ``background_compile``'s switch) never brings the dead device back. When no plan can do
+        without it, the plan made first is returned: the quarantine's own re-plan finds the
+        same and fails the requests it parked (``Failover.failed``).
+
+        :raises PlacementError, PartitionError, CompileError: no plan could be made.
+        """
+        first: tuple[Any, Any, tuple[str, ...]] | None = None
+        try:
+            while True:
+                quarantined = self.failover.quarantined if self.failover is not None else ()
+                out = tuple(dict.fromkeys((*quarantined, *excluded)))
+                try:
+                    plan, stages = await self.plan_in_thread(out, self._states, use_costs)
+                except HetschedError:
+                    if first is None:
+                        raise
+                    made, first = first, None
+                    return made
+                late = set(self.failover.quarantined if self.failover is not None else ()) - set(out)
+                if not any(st.device in late for st in stages):
+                    if first is not None:
+                        for st in first[1]:
+                            st.compiled.close()
+                        first = None
+                    return plan, stages, out
+                if first is None:
+                    first = (plan, stages, out)
+                else:
+                    for st in stages:
+                        st.compiled.close()
+        except BaseException:
+            if first is not None:  # cancelled meanwhile: nobody will install it
+                for st in first[1]:
+                    st.compiled.close()
+            raise
 
     async def plan_in_thread(self, excluded: Sequence[str], states: Mapping[str, DeviceState],
                              use_costs: bool) -> tuple[Any, Any]:
@@ -254,7 +300,10 @@ class Adapter:
 
     async def _replan_without(self, device: str, reason: str) -> None:
         try:
-            await self.replan(f"failure: {reason}", sample=False)
+            async with self._lock:
+                if self.failover is not None and self.failover.settled(device):
+                    return  # a re-plan under way when it failed made its plan without it already
+                await self._replan_locked(f"failure: {reason}", sample=False)
         except HetschedError:
             assert self.failover is not None
             self._scheduler.fail_parked(self.failover.failed(device))

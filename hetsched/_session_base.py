@@ -337,8 +337,7 @@ class SessionBase:
         """The opening plan, or (``profile``) a re-plan with the workers stopped."""
         adapter = self._adapter
         assert adapter is not None
-        quarantined = adapter.failover.quarantined if adapter.failover is not None else ()
-        plan, stages = await adapter.plan_in_thread((*quarantined, *excluded), adapter.states, use_costs)
+        plan, stages, _ = await adapter.plan_without_quarantined(excluded, use_costs)
         self._install(plan, stages, adapter.on_drained)
 
     def _require_index(self) -> GraphIndex:

@@ -6,7 +6,11 @@ A stage whose backend raises fails on a *device*. What happens to its request::
       streak[device] += 1             (any successful run on the device resets it)
       device quarantined already, or streak reaches ``after``:
           quarantine it (once): ask the session for a plan without it (``request_replan``)
-          the request waits, parked, for that plan and starts over on it
+          the request waits, parked, for that plan and starts over on it; only a plan that
+          leaves out every quarantined device releases the parked requests (a plan made
+          before the quarantine, by a re-plan already under way, does not: the session
+          re-plans it without the device instead of installing it, and should one slip in
+          anyway, it releases nobody and the quarantine's own re-plan follows)
       else, if the request was re-submitted fewer than ``after`` times: it starts over now,
           on the current plan (a transient failure costs one more run, not the request)
       else (or the device cannot be replaced: a plan without it was impossible): it fails
@@ -21,7 +25,7 @@ fail as before. Everything here is thread-safe: worker threads report, the sessi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -107,10 +111,13 @@ class Failover:
 
     # -- the session ------------------------------------------------------------------------
 
-    def installed(self) -> list[Any]:
-        """A new plan is in place (it leaves out every quarantined device): the parked
-        requests, to start over on it."""
+    def installed(self, devices: Collection[str]) -> list[Any]:
+        """A new plan running stages on ``devices`` is in place: the parked requests, to start
+        over on it, if it leaves out every quarantined device; else none (a plan made before a
+        quarantine: they wait for the re-plan that quarantine asked for, see :meth:`settled`)."""
         with self._lock:
+            if any(d in devices for d in self._quarantined):
+                return []
             self._pending.clear()
             parked, self._parked = self._parked, []
             for req in parked:
@@ -134,6 +141,12 @@ class Failover:
                 err = self._errors.pop(id(req), None)
                 out.append((req, err if err is not None else RuntimeError(f"device {device!r} failed")))
             return out
+
+    def settled(self, device: str) -> bool:
+        """Whether a plan without quarantined ``device`` is in place already (or none is to
+        come): the re-plan its quarantine asked for has nothing left to do."""
+        with self._lock:
+            return device not in self._pending
 
     def drain(self) -> list[tuple[Any, BaseException | None]]:
         """Every parked request (the session is closing)."""

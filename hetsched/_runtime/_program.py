@@ -67,6 +67,7 @@ class StageRuntime:
         "seconds_fn",
         "spec",
         "specs",
+        "state_alive",
         "stateful",
     )
 
@@ -97,6 +98,11 @@ class StageRuntime:
         (``last_run_seconds()``: a twin stage's modelled board time), learned instead of the
         host's wall time; None: the host's time is the stage's cost."""
         self.stateful = callable(getattr(compiled, "worker_state", None))
+        alive = getattr(compiled, "worker_state_alive", None) if self.stateful else None
+        self.state_alive: Any = alive if callable(alive) else None
+        """``worker_state_alive(state) -> bool`` of a stateful stage that can tell whether a
+        worker's state still works (its context's process lives); None: assumed alive until a
+        run on it raises :class:`~hetsched.DeviceFailedError`."""
         energy = getattr(compiled, "last_run_energy_j", None)
         self.energy_fn: Any = energy if callable(energy) else None
         """The backend's modelled or measured joules of the run that just ended in this thread

@@ -194,7 +194,8 @@ class Scheduler(StageRunner):
         finish on theirs). The previous plan retires: ``on_drained(old)`` runs once its last
         request is gone (in that request's thread); the owner closes its stages, then calls
         :meth:`forget` (default: it is just forgotten).
-        Requests parked for a plan without a quarantined device start over on this one."""
+        Requests parked for a plan without a quarantined device start over on this one if it
+        leaves out every quarantined device (see ``Failover.installed``)."""
         gen = Generation(next(self._generations), stages, output_source, self.topology, self.host)
         old, self.generation = self.generation, gen
         self.stages = stages
@@ -204,7 +205,7 @@ class Scheduler(StageRunner):
 
             old.retire(on_drained if on_drained is not None else self.forget)
         if self.failover is not None:
-            for req in self.failover.installed():
+            for req in self.failover.installed(frozenset(st.device for st in stages)):
                 self.restart(req, counted=True)
         return gen
 

@@ -136,9 +136,14 @@ class StageRunner:
             except BaseException as exc:  # KeyboardInterrupt/SystemExit from a backend too: never the worker's
                 err = _translate(exc, st, dev)
                 device_error = isinstance(err, DeviceFailedError)
-            if err is not None and bound:
+            if device_error and st.stateful:
+                # the device context this worker holds may be what died (a killed toolkit
+                # process): drop it, the next run builds a new one (see DeviceWorkers.state_for)
+                worker.renew_state(st)
+            if err is not None and bound and not device_error:
                 # The in-place run failed: when the backend's own allocation works, its static
-                # output specs were wrong for this data; stop binding the stage.
+                # output specs were wrong for this data; stop binding the stage. (A device
+                # failure says nothing about the specs: the request starts over instead.)
                 try:
                     results = (st.compiled.run(feeds, state=worker.state_for(st)) if st.stateful
                                else st.compiled.run(feeds))

@@ -4,7 +4,10 @@ Each worker thread knows who it is (:class:`WorkerInfo`: its device, its index a
 device's threads, the cores it is pinned to) and keeps the per-worker state of the stages it
 runs that ask for one (a backend's ``worker_state`` hook: one RKNN context per NPU core, one
 TensorRT execution context per thread), created on the thread before the stage's first run
-there and closed on the thread when the worker stops.
+there and closed on the thread when the worker stops. A state found dead (the stage's
+``worker_state_alive`` says so, or a run on it raised ``DeviceFailedError``) is closed and
+built anew before the next run: one crashed toolkit process costs the runs in it, not the
+worker.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ class WorkerHost(Protocol):
     def flush_deferred(self) -> None: ...
 
 
+
+
+def _alive(st: StageRuntime, state: object) -> bool:
+    """``st.state_alive(state)``; a hook that raises cannot vouch for the state: dead."""
+    try:
+        return bool(st.state_alive(state))
+    except Exception:
+        return False
 
 
 def close_states(states: Sequence[tuple[StageRuntime, object]]) -> BaseException | None:
@@ -89,6 +100,8 @@ class DeviceWorkers:
             for info in self.infos
         ]
         self.runs = 0
+        self.renewed = 0
+        """Per-worker states dropped as dead and built anew on next use."""
 
     @property
     def concurrency(self) -> int:
@@ -124,18 +137,45 @@ class DeviceWorkers:
 
     def state_for(self, st: StageRuntime) -> object:
         """This worker thread's state for stage ``st`` (worker thread only), created on first use
-        by ``st.compiled.worker_state(info)``.
+        by ``st.compiled.worker_state(info)``, and created anew when the one it had is dead
+        (``worker_state_alive`` says so, or :meth:`renew_state` dropped it after a device
+        failure): a crashed device context costs the runs that were in it, not the worker.
 
         :raises Exception: whatever ``worker_state`` raised (the run fails; the next run of the
             stage on this thread tries again).
         """
         states: dict[StageRuntime, object] = self._local.states
         state = states.get(st, _NO_STATE)
-        if state is _NO_STATE:
-            state = st.compiled.worker_state(self._local.info)
-            with self._states_lock:
-                states[st] = state
+        if state is not _NO_STATE:
+            if st.state_alive is None or _alive(st, state):
+                return state
+            self._drop_state(st)
+        state = st.compiled.worker_state(self._local.info)
+        with self._states_lock:
+            states[st] = state
         return state
+
+    def renew_state(self, st: StageRuntime) -> None:
+        """A run of ``st`` on this worker thread failed with
+        :class:`~hetsched.DeviceFailedError`: drop its state unless the stage says it still
+        works (``worker_state_alive``); the next run builds a new one (worker thread only)."""
+        states: dict[StageRuntime, object] = self._local.states
+        state = states.get(st, _NO_STATE)
+        if state is _NO_STATE:
+            return
+        if st.state_alive is not None and _alive(st, state):
+            return
+        self._drop_state(st)
+
+    def _drop_state(self, st: StageRuntime) -> None:
+        """Forget and close this thread's state of ``st`` (a dead context; worker thread only).
+        Closing it may fail (its process is gone): that is no run's error."""
+        states: dict[StageRuntime, object] = self._local.states
+        with self._states_lock:
+            state = states.pop(st, _NO_STATE)
+        if state is not _NO_STATE:
+            close_states([(st, state)])
+            self.renewed += 1
 
     def take_states(self, stages: Sequence[StageRuntime]) -> list[tuple[StageRuntime, object]]:
         """Remove and return every thread's states of ``stages`` (any thread), for the owner to
