@@ -37,7 +37,8 @@ from hetsched._platform.files import ContentCache
 
 __all__ = ["NcnnCache", "NcnnCacheStatistics", "NcnnEntry", "default_cache_dir", "stage_key"]
 
-_KEY_VERSION = 1
+_KEY_VERSION = 2
+"""Bumped when what a key covers or how a converted stage is run changes (2: inputs in ncnn's own layout)."""
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -14,8 +14,13 @@ refused units (capabilities by trying, as for the NPU).
 
 Inputs and outputs map by position (ONNX input ``i`` is ncnn's ``in{i}``, output ``j`` is
 ``out{j}``). Inputs wrap the caller's (pool) memory in an ``ncnn.Mat`` without a host copy when
-they are C-contiguous float32 (else one copy, counted); ncnn uploads them to the device. Each
-output is copied once from ncnn's Mat into the pool buffer the runtime gives (counted).
+they are C-contiguous float32 and already in ncnn's layout (one channel a multiple of 16 bytes;
+else one copy into ncnn's layout, counted); ncnn uploads them to the device. Each output is
+copied once from ncnn's Mat into the pool buffer the runtime gives (counted).
+
+pnnx infers which axis is the batch from the ops it sees; a stage whose first ops do not fix it
+(a Concat or Softmax over the raw inputs, no Conv before them) gets its axes off by one and is
+refused by the probe (measured on squeezenet partitions), then placed elsewhere.
 
 Device options: ``precision`` (``"fp32"``, the default, or ``"fp16"``: ncnn's fp16 storage and
 arithmetic where the device has them), ``vulkan_device`` (ncnn's GPU index; default ncnn's
@@ -46,7 +51,6 @@ from ._ncnn_convert import (
     NCNN_OPS,
     VulkanInfo,
     convert,
-    float_outputs,
     import_ncnn,
     ncnn_unavailable_reason,
     silent_failure,
@@ -171,17 +175,23 @@ class NcnnStage:
                 ex = net.create_extractor()
                 try:
                     for blob, arr in zip(self._ncnn_in, held, strict=True):
-                        if ex.input(blob, ncnn.Mat(arr)) != 0:
+                        mat = ncnn.Mat(arr)  # wraps arr's memory
+                        if not _aligned(arr.shape):
+                            # ncnn's layers read channels at cstep = w*h*(d) rounded up to 16 bytes; a wrapped
+                            # array's channels lie packed: one copy into ncnn's own layout
+                            mat = mat.clone()
+                            copies += 1
+                        if ex.input(blob, mat) != 0:
                             raise RuntimeError(f"ncnn refused input {blob}")
-                    mats = []
-                    for blob in self._ncnn_out:
+                    for blob, dst in zip(self._ncnn_out, outputs, strict=True):
                         ret, mat = ex.extract(blob)
                         if ret != 0:
                             raise RuntimeError(f"ncnn extract({blob}) returned {ret}")
-                        mats.append(mat)
-                    views = float_outputs([np.asarray(m) for m in mats], self._out_specs)
-                    for dst, src in zip(outputs, views, strict=True):
-                        np.copyto(dst, src, casting="same_kind")
+                        src = np.asarray(mat)  # ncnn's layout (channel stride cstep): a view
+                        if src.size != dst.size:
+                            raise ValueError(f"output {blob} has {src.size} elements from ncnn (shape "
+                                             f"{list(src.shape)}); the stage's ONNX output is {list(dst.shape)}")
+                        np.copyto(dst.reshape(src.shape), src, casting="same_kind")  # the one copy
                 finally:
                     del ex
                 dt = time.perf_counter() - t0
@@ -227,6 +237,12 @@ class _TwinNcnnStage(SimStage):
         t0 = time.perf_counter()
         self.ncnn.run_into(feeds, outputs)
         self._account(time.perf_counter() - t0)
+
+
+def _aligned(shape: tuple[int, ...]) -> bool:
+    """Whether a C-contiguous float32 array of this (batch-less) shape has ncnn's own layout: up to
+    2-D always; 3-D (c, h, w) and 4-D (c, d, h, w) when one channel is a multiple of 16 bytes."""
+    return len(shape) <= 2 or (int(np.prod(shape[1:])) * 4) % 16 == 0
 
 
 def _costs(model: onnx.ModelProto) -> tuple[float, float]:

@@ -41,6 +41,8 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
                       {"hot_throughput_ratio", "failover_lost_requests", "failover_recovery_s", "replans",
                        "static_throttle_events", "adaptive_throttle_events", "static_energy_per_request_mj",
                        "adaptive_energy_per_request_mj"}),
+    "ncnn_gpu.py": (["--models", "squeezenet", "--inputs", "1"],
+                    {"min_cosine_fp32", "min_cosine_fp16", "silent_failures_run", "targets", "models"}),
     "rknn.py": (["--models", "squeezenet", "--inputs", "1"],
                 {"min_cosine", "npu_flops_fraction_min", "cached_open_ratio",
                  "modelled_energy_vs_cpu_only_max", "targets", "models"}),
@@ -74,6 +76,11 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
     args, fields = SMOKE[name]
     if name == "rknn.py" and not _has_rknn_toolkit():
         pytest.skip("no rknn-toolkit2 environment (hetsched setup rknn)")
+    if name == "ncnn_gpu.py":
+        from hetsched.backends._ncnn_convert import ncnn_unavailable_reason
+
+        if ncnn_unavailable_reason() is not None:
+            pytest.skip(f"ncnn backend unavailable here: {ncnn_unavailable_reason()}")
     result = _run(name, args, tmp_path)
     assert fields <= set(result), sorted(fields - set(result))
     # Labels that never fall off: where the figures come from, and whether modelled or measured.
@@ -86,6 +93,10 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
         (row,) = result["models"]
         assert row["conversions"] > 0 and row["cached_conversions"] == 0 and row["cache_hits"] > 0
         assert result["min_cosine"] >= 0.999  # the simulator's fp16 agrees with onnxruntime
+    if name == "ncnn_gpu.py":
+        assert result["silent_failures_run"] == 0 and result["min_cosine_fp32"] >= 0.9999
+        (row,) = result["models"]
+        assert row["cache_hits"] >= 2 and all("modelled_ms" in p or "skipped" in p for p in row["twin_plans"].values())
     if name == "board_loop.py":
         assert result["failover_lost_requests"] == 0  # every request of the stream got its (checked) result
         assert result["replans"] >= 1

@@ -105,6 +105,24 @@ def test_a_stage_converts_probes_and_runs_like_onnxruntime(cache: Path, precisio
         stage.close()
 
 
+def test_inputs_whose_channels_ncnn_pads_are_copied_into_its_layout_once(cache: Path):
+    """A 13x13 channel is 676 bytes; ncnn's layers read channels 16-byte aligned (cstep 172 floats),
+    so a wrapped array would be read skewed: such an input is copied once (counted), and right."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((4, 8, 1, 1)).astype(np.float32), "W")
+    m = _model([helper.make_node("Conv", ["x", "W"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 8, 13, 13])],
+               [helper.make_tensor_value_info("y", F, [1, 4, 13, 13])], [w])
+    stage = NcnnBackend().compile(m, _dev(cache), name="odd")
+    try:
+        x = rng.standard_normal((1, 8, 13, 13)).astype(np.float32)
+        before = stage.statistics().input_copies
+        (got,) = stage.run({"x": x})
+        assert _cos(got, _ref(m, {"x": x})[0]) > 0.99999
+        assert stage.statistics().input_copies == before + 1
+    finally:
+        stage.close()
+
+
 def test_a_bad_input_fails_the_run_not_the_stage(cache: Path):
     stage = NcnnBackend().compile(_two_in_two_out(), _dev(cache), name="s")
     try:
