@@ -4,12 +4,15 @@ Layout under the cache directory (``Device.options["cache_dir"]``, else ``HETSCH
 else ``$XDG_CACHE_HOME/hetsched/tensorrt-cache``, ``~/.cache`` when XDG_CACHE_HOME is unset)::
 
     <kk>/<key>.engine   the serialized engine (``IHostMemory`` bytes)
-    <kk>/<key>.json     the verdict: {"ok": bool, "message": str, "seconds": float}
+    <kk>/<key>.json     the verdict: {"ok": bool, "message": str, "seconds": float, "engine_sha256": str}
 
 ``key`` is :func:`engine_cache_key`: engines are not portable across TensorRT, CUDA or driver
 versions, GPU architectures, or between the GPU and a DLA core, so each of those is in the key
 (../shared/reference/accelerators.md §2, "Engine cache key"). Files are written to a temporary
-name in their final directory and renamed into place; nothing is written outside the directory.
+name in their final directory and renamed into place. Integrity is the shared compile-cache rule
+(:class:`~hetsched._platform.files.ContentCache`): nothing below the directory is reached through a
+link, an engine is returned only when its bytes hash to the ``engine_sha256`` its verdict
+recorded, and a bad entry is warned about, counted (``rejected``), removed and built again.
 RKNN's cache (``hetsched._rknn.cache``) is not reused: it is shaped around the toolkit's files
 and lives in a layer this backend may not import.
 """
@@ -25,7 +28,6 @@ from typing import Any
 
 from hetsched._errors import BackendError
 from hetsched._platform.files import CacheStatistics, ContentCache
-from hetsched._platform.files import atomic_write as _atomic_write
 
 __all__ = ["EngineCache", "EngineCacheStatistics", "default_engine_cache_dir", "engine_cache_key"]
 
@@ -89,31 +91,47 @@ class EngineCache(ContentCache):
         return self._entry(key, ".engine")
 
     def lookup(self, key: str) -> bytes | str | None:
-        """The stored engine (bytes), the stored refusal (its message), or None (no entry, an
-        unreadable one, or a success whose engine is gone); a hit is counted.
+        """The stored engine (bytes, verified against its recorded sha256), the stored refusal (a
+        message saying it is a cached refusal, naming the verdict file, then TensorRT's words), or
+        None (no entry, an unreadable one, or a success whose engine is gone, a link, or other
+        bytes: warned about and removed); a hit is counted.
 
         :raises ValueError: ``key`` is not a key (64 hex digits).
         """
-        verdict, engine = self._entry(key, ".json"), self.engine_path(key)  # a bad key raises here
-        try:
-            data = json.loads(verdict.read_text())
-            ok, message = bool(data["ok"]), str(data["message"])
-            result: bytes | str = engine.read_bytes() if ok else message
-        except (OSError, ValueError, KeyError, TypeError):
+        raw = self.read_entry(key, ".json")  # a bad key raises here
+        if raw is None:
             return None
+        try:
+            data = json.loads(raw)
+            ok, message = bool(data["ok"]), str(data["message"])
+            sha = data.get("engine_sha256") if ok else None
+        except (ValueError, KeyError, TypeError):
+            return None
+        result: bytes | str
+        if ok:
+            if not isinstance(sha, str):
+                return None  # from before hashes were recorded: built again
+            engine = self.read_entry(key, ".engine", sha)
+            if engine is None:
+                return None
+            result = engine
+        else:
+            result = (f"refused by TensorRT on an earlier build (a cached refusal, {self._entry(key, '.json')}; "
+                      f"delete it to try again): {message}")
         self._count_hit(not ok)
         return result
 
     def store(self, key: str, engine: bytes | None, message: str, seconds: float) -> None:
-        """Record a build: the engine (None: refused, with ``message``), then the verdict.
+        """Record a build: the engine (None: refused, with ``message``), then the verdict with the
+        engine's sha256.
 
         :raises BackendError: the cache directory cannot be written.
         """
         self._count_conversion(seconds)
-        verdict = {"ok": engine is not None, "message": message, "seconds": seconds}
+        verdict: dict[str, object] = {"ok": engine is not None, "message": message, "seconds": seconds}
         try:
             if engine is not None:
-                _atomic_write(self.engine_path(key), engine)
-            _atomic_write(self._entry(key, ".json"), json.dumps(verdict, indent=1).encode())
+                verdict["engine_sha256"] = self.write_entry(key, ".engine", engine)
+            self.write_entry(key, ".json", json.dumps(verdict, indent=1).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the TensorRT engine cache under {str(self.directory)!r}: {exc}") from exc

@@ -410,9 +410,12 @@ def test_compile_reuses_cached_engines_and_refusals(monkeypatch: pytest.MonkeyPa
     gpu = backend.compile(_model(), dataclasses.replace(dev, name="gpu:0", kind="gpu"), name="s0")
     assert gpu.statistics().cache_key != first.statistics().cache_key  # type: ignore[attr-defined]
     refused = _plumbed(monkeypatch, _RecordingTrt("10.3.0", subgraphs=[([0], False)]))
-    for _ in range(2):
-        with pytest.raises(CompileError, match=r"^dla:1: TensorRT cannot take 1 node\(s\): act"):
-            refused.compile(_model(op="Abs"), dev, name="s1")
+    with pytest.raises(CompileError, match=r"^dla:1: TensorRT cannot take 1 node\(s\): act"):
+        refused.compile(_model(op="Abs"), dev, name="s1")
+    # the second time from the cache, which says so (issue 23)
+    with pytest.raises(CompileError, match=r"^dla:1: refused by TensorRT on an earlier build \(a cached refusal, "
+                       r".*\.json; delete it to try again\): TensorRT cannot take 1 node\(s\): act"):
+        refused.compile(_model(op="Abs"), dev, name="s1")
     s = refused.statistics()
     assert (s.conversions, s.cache_hits, s.refusals_cached) == (1, 1, 1)
     for stage in (first, second, gpu):
@@ -453,7 +456,9 @@ def test_engine_cache_stores_engines_and_refusals(tmp_path: Path) -> None:
     cache.store(k1, b"engine-bytes", "", 2.0)
     cache.store(k2, None, "TensorRT cannot take node nms", 0.5)
     assert cache.lookup(k1) == b"engine-bytes"
-    assert cache.lookup(k2) == "TensorRT cannot take node nms"
+    refusal = cache.lookup(k2)
+    assert isinstance(refusal, str) and refusal.endswith(": TensorRT cannot take node nms")
+    assert "cached refusal" in refusal
     s = cache.statistics()
     assert (s.conversions, s.cache_hits, s.refusals_cached, s.seconds) == (2, 2, 1, 2.5)
     cache.engine_path(k1).unlink()  # a verdict whose engine is gone is a miss, not a broken hit

@@ -11,26 +11,31 @@ else ``$XDG_CACHE_HOME/hetsched/rknn-cache``, ``~/.cache`` when XDG_CACHE_HOME i
 
 ``key`` is a sha256 over everything that changes the conversion (:func:`stage_key`), ``kk`` its
 first two hex digits. Every file is written to a temporary name in its final directory and
-renamed into place, so a reader sees a whole entry or none, and nothing is written outside
-the cache directory.
+renamed into place, so a reader sees a whole entry or none.
+
+Integrity (:class:`~hetsched._platform.files.ContentCache`): nothing below the cache directory is
+reached through a link (a ``<kk>`` folder or a file replaced by a link is never followed, read
+or written through), and content is verified, not its size: the ``.onnx`` against the sha256 of
+the prepared stage the caller holds, the ``.rknn`` against the ``rknn_sha256`` its verdict
+recorded. A bad entry is logged as a warning, counted (``rejected``), removed and converted
+again. A refusal read back from the cache says so and names its verdict file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._errors import BackendError
-from .._platform.files import CacheStatistics, ContentCache
-from .._platform.files import atomic_write as _atomic_write
+from .._platform.files import CacheStatistics, ContentCache, read_regular_file
 
 __all__ = [
     "CacheStatistics",
@@ -42,6 +47,7 @@ __all__ = [
 ]
 
 _KEY_VERSION = 1
+_RKNN_SHA = "rknn_sha256"
 """Bumped when what a key covers changes, so old entries are never read under a new meaning."""
 
 
@@ -61,18 +67,20 @@ def calibration_hash(dataset: str | os.PathLike[str] | None) -> str | None:
     in order; None without a dataset.
 
     :raises BackendError: the dataset file or a file it lists cannot be read.
+    :raises NotRegularFileError: one of them is a FIFO, device or directory (nothing read from it).
     """
     if dataset is None:
         return None
     h = hashlib.sha256()
     path = Path(dataset)
     try:
-        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+        text = read_regular_file(path, what="calibration dataset").decode("utf-8", "replace")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         for line in lines:
             for item in line.split():  # a line lists one .npy per model input
                 p = Path(item) if os.path.isabs(item) else path.parent / item
                 h.update(len(item).to_bytes(4, "little"))
-                h.update(p.read_bytes())
+                h.update(read_regular_file(p, what="calibration file"))
     except OSError as exc:
         raise BackendError(f"cannot read the calibration dataset {str(path)!r}: {exc}") from exc
     return h.hexdigest()
@@ -116,11 +124,16 @@ class Verdict:
     target: str
     accuracy: Mapping[str, Any] | None = None
     """The converted stage's accuracy as measured on its first compile (None: not measured yet)."""
+    cached_from: str | None = field(default=None, compare=False)
+    """The verdict file this was read from (:meth:`CompileCache.lookup`); None for a fresh one.
+    A refusal read from the cache has ``message`` saying so, naming this file, then the toolkit's
+    words; ``toolkit_message`` keeps them alone."""
+    toolkit_message: str = field(default="", compare=False)
 
-    def to_json(self) -> str:
-        data: dict[str, Any] = {"ok": self.ok, "message": self.message, "seconds": self.seconds,
-                                "toolkit_version": self.toolkit_version, "target": self.target,
-                                "created": time.time()}
+    def to_json(self, **extra: Any) -> str:
+        data: dict[str, Any] = {"ok": self.ok, "message": self.toolkit_message or self.message,
+                                "seconds": self.seconds, "toolkit_version": self.toolkit_version,
+                                "target": self.target, "created": time.time(), **extra}
         if self.accuracy is not None:
             data["accuracy"] = dict(self.accuracy)
         return json.dumps(data, indent=1)
@@ -140,57 +153,88 @@ class CompileCache(ContentCache):
         return self._entry(key, ".json")
 
     def put_model(self, key: str, model_bytes: bytes) -> Path:
-        """Store the prepared stage model (unless the same bytes are there) and return its path.
+        """Store the prepared stage model (unless a regular file with the same bytes is there:
+        verified by sha256, a link or other bytes are replaced with a warning) and return its path.
 
         :raises BackendError: the cache directory cannot be written.
         """
-        path = self.onnx_path(key)
         try:
-            if not (path.is_file() and path.stat().st_size == len(model_bytes)):
-                _atomic_write(path, model_bytes)
+            if self.read_entry(key, ".onnx", hashlib.sha256(model_bytes).hexdigest()) is None:
+                self.write_entry(key, ".onnx", model_bytes)
         except OSError as exc:
             raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
-        return path
+        return self.onnx_path(key)
 
     def temp_rknn_path(self, key: str) -> Path:
-        """A fresh name beside the ``.rknn`` entry for the toolkit to export to (then :meth:`store`)."""
-        final = self.rknn_path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-        os.close(fd)
-        return Path(tmp)
+        """A fresh name beside the ``.rknn`` entry for the toolkit to export to (then :meth:`store`).
+
+        :raises BackendError: the cache directory cannot be written.
+        """
+        try:
+            return self.entry_temp_path(key, ".rknn")
+        except OSError as exc:
+            raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
+
+    def _verdict_data(self, key: str) -> dict[str, Any] | None:
+        raw = self.read_entry(key, ".json")
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
     def lookup(self, key: str) -> Verdict | None:
-        """The stored verdict, or None (no entry, an unreadable one, or a success whose ``.rknn``
-        is gone); a hit is counted."""
+        """The stored verdict, or None (no entry, an unreadable one, a success whose ``.rknn`` is
+        gone, is a link or does not hash to the ``rknn_sha256`` its verdict recorded: the last
+        two are warned about and removed); a hit is counted. A refusal's ``message`` says it is
+        cached and names the verdict file."""
+        data = self._verdict_data(key)
+        if data is None:
+            return None
         try:
-            data = json.loads(self.verdict_path(key).read_text())
             accuracy = data.get("accuracy")
             verdict = Verdict(bool(data["ok"]), str(data["message"]), float(data["seconds"]),
                               str(data["toolkit_version"]), str(data["target"]),
                               dict(accuracy) if isinstance(accuracy, dict) else None)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return None
-        if verdict.ok and not self.rknn_path(key).is_file():
-            return None
+        path = str(self.verdict_path(key))
+        if verdict.ok:
+            sha = data.get(_RKNN_SHA)
+            if not isinstance(sha, str) or not self.verify_entry(key, ".rknn", sha):
+                return None  # from before hashes were recorded, or gone/bad: converted again
+            verdict = dataclasses.replace(verdict, cached_from=path)
+        else:
+            verdict = dataclasses.replace(
+                verdict, cached_from=path, toolkit_message=verdict.message,
+                message=f"refused by rknn-toolkit2 {verdict.toolkit_version or '(unknown version)'} on an earlier "
+                        f"conversion (a cached refusal, {path}; delete it to try again): {verdict.message}")
         self._count_hit(not verdict.ok)
         return verdict
 
     def store(self, key: str, verdict: Verdict, exported: Path | None = None) -> None:
         """Record a conversion: move ``exported`` (from :meth:`temp_rknn_path`) into place, then write
-        the verdict (last, so a verdict never names a missing file); counts a conversion.
+        the verdict with the ``.rknn``'s sha256 (last, so a verdict never names a missing file);
+        counts a conversion.
 
         :raises BackendError: the cache directory cannot be written.
         """
         self._count_conversion(verdict.seconds)
+        extra: dict[str, Any] = {}
         try:
             if exported is not None:
                 if verdict.ok:
-                    os.replace(exported, self.rknn_path(key))
+                    extra[_RKNN_SHA] = self.adopt_entry(key, ".rknn", exported)
                 else:
                     with contextlib.suppress(OSError):
                         os.unlink(exported)
-            _atomic_write(self.verdict_path(key), verdict.to_json().encode())
+            elif verdict.ok:
+                sha = self.entry_sha256(key, ".rknn")
+                if sha is not None:
+                    extra[_RKNN_SHA] = sha
+            self.write_entry(key, ".json", verdict.to_json(**extra).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
 
@@ -200,15 +244,11 @@ class CompileCache(ContentCache):
 
         :raises BackendError: the cache directory cannot be written.
         """
-        path = self.verdict_path(key)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = self._verdict_data(key)
+        if data is None or not data.get("ok"):
             return  # gone or being replaced: the next compile measures again
-        if not isinstance(data, dict) or not data.get("ok"):
-            return
         data["accuracy"] = dict(accuracy)
         try:
-            _atomic_write(path, json.dumps(data, indent=1).encode())
+            self.write_entry(key, ".json", json.dumps(data, indent=1).encode())
         except OSError as exc:
             raise BackendError(f"cannot write the RKNN compile cache under {str(self.directory)!r}: {exc}") from exc
