@@ -41,9 +41,9 @@ import onnx
 import onnxruntime as ort
 from _labels import MODELLED, labelled, twin
 
-from hetsched import BackendUnavailableError, CompileError, Device, Session, resolve_devices
-from hetsched.backends._ncnn_convert import vulkan_devices
-from hetsched.backends.ncnn import NcnnBackend
+from hetsched import CompileError, Device, Session, resolve_devices
+from hetsched.backends.ncnn import NcnnBackend, vulkan_devices
+from hetsched.backends.rknn import toolkit_unavailable_reason
 from hetsched.policies import PlacementProblem
 from hetsched.testing import build_board_tree, with_seeded_weights
 
@@ -219,13 +219,8 @@ def silent_cases(cache: Path) -> list[dict[str, Any]]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from hetsched._rknn.env import find_toolkit_python
-
-    try:
-        find_toolkit_python()
-        npu: str | None = None
-    except BackendUnavailableError as exc:
-        npu = f"no rknn-toolkit2 environment (hetsched setup rknn): {exc}"
+    why = toolkit_unavailable_reason()
+    npu = None if why is None else f"no rknn-toolkit2 environment (hetsched setup rknn): {why}"
     with tempfile.TemporaryDirectory(prefix="hetsched-ncnn-bench-") as tmp:
         os.environ["HETSCHED_NCNN_CACHE"] = str(Path(tmp) / "twin-cache")  # empty caches: reproducible
         os.environ["HETSCHED_RKNN_CACHE"] = str(Path(tmp) / "rknn-cache")

@@ -43,6 +43,10 @@ ALLOWED: dict[str, set[str]] = {
     "backends.rknn": VOCABULARY | {"_platform", "_planning", "_rknn", "_twin", "backends"},
     # The TensorRT backend (backends/tensorrt.py and its backends/_tensorrt_*.py helpers).
     "backends.tensorrt": VOCABULARY | {"_platform", "_planning", "backends"},
+    # The ncnn backend (backends/ncnn.py and its backends/_ncnn_*.py helpers) prepares stages and
+    # measures them as the RKNN backend does (_rknn.prepare, _rknn.accuracy) and, on a twin root,
+    # wraps them in the twin's modelled-time accounting (backends.sim).
+    "backends.ncnn": VOCABULARY | {"_platform", "_planning", "_rknn", "backends"},
     "_planning": VOCABULARY | {"_platform", "backends", "policies"},
     "_runtime": VOCABULARY | {"_platform", "backends"},
     "_rknn": VOCABULARY | {"_platform", "_runtime"},
@@ -85,6 +89,8 @@ def _modules() -> dict[str, tuple[str, set[str]]]:
                     part = f"backends.{rel.stem}"
                 elif top == "hetsched.backends" and rel.stem.lstrip("_").startswith("tensorrt"):
                     part = "backends.tensorrt"
+                elif top == "hetsched.backends" and rel.stem.lstrip("_").startswith("ncnn"):
+                    part = "backends.ncnn"
             used = set()
             for mod in _imports(f, package):
                 if mod.startswith("hetsched."):
