@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetsched._errors import ProfileError
+from hetsched._errors import NotRegularFileError, ProfileError
+from hetsched._platform.files import read_regular_file
 
 __all__ = ["Replan", "Row", "Series", "Span", "TraceView", "load_trace", "parse_trace"]
 
@@ -118,12 +119,17 @@ class TraceView:
 def load_trace(path: str | os.PathLike[str]) -> TraceView:
     """Read and parse the trace file at ``path``.
 
-    Raises :class:`ProfileError` naming the file when it cannot be read, is not JSON (nor a JSON
-    array cut short), or does not hold trace events; see :func:`parse_trace`.
+    Raises :class:`ProfileError` naming the file when it does not exist, cannot be read, is not
+    JSON (nor a JSON array cut short), or does not hold trace events (see :func:`parse_trace`);
+    :class:`NotRegularFileError` when it is a FIFO, a device or a directory (nothing read).
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular_file(p, what="trace file").decode("utf-8")
+    except FileNotFoundError as exc:
+        raise ProfileError(f"trace file {str(p)!r} does not exist") from exc
+    except NotRegularFileError:
+        raise
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"trace file {str(p)!r} cannot be read: {exc}") from exc
     return parse_trace(_decode(text, p), source=str(p))

@@ -8,6 +8,7 @@ The embedded models are the ``light_*`` models the onnx wheel ships for its back
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeAlias
@@ -15,7 +16,8 @@ from typing import TypeAlias
 import onnx
 from google.protobuf.message import DecodeError
 
-from .._errors import InputError, InvalidModelError, ModelFormatError, ModelNotFoundError
+from .._errors import InputError, InvalidModelError, ModelFormatError, ModelNotFoundError, NotRegularFileError
+from .._platform.files import file_kind, read_regular_file
 
 __all__ = [
     "EMBEDDED_MODEL_DIR",
@@ -85,6 +87,9 @@ def load_model(source: ModelSource, *, check: bool = True, infer_shapes: bool = 
     :raises ModelNotFoundError: the path does not exist, a bare name is neither a file
         nor an embedded model (the message lists the embedded ones), or an external data
         file the model names does not exist next to it (the message names the file).
+    :raises NotRegularFileError: the model file or an external data file it names is a FIFO,
+        a device, a socket (or a link to one): refused before anything is read from it, so
+        neither a FIFO nor ``/dev/zero`` can hang or fill memory.
     :raises ModelFormatError: the bytes are not a serialized ``ModelProto``.
     :raises InvalidModelError: the checker or shape inference rejected the model, a declared
         element type contradicts the inferred one, its external data could not be loaded, or
@@ -103,7 +108,11 @@ def load_model(source: ModelSource, *, check: bool = True, infer_shapes: bool = 
             if path.is_dir():
                 raise ModelFormatError(f"model path {name!r} is a directory, not an ONNX file")
             try:
-                data = path.read_bytes()
+                data = read_regular_file(path, what="model file")
+            except FileNotFoundError as exc:
+                raise ModelNotFoundError(f"model file {name!r} does not exist") from exc
+            except NotRegularFileError:
+                raise
             except OSError as exc:
                 raise ModelNotFoundError(f"model file {name!r} could not be read: {exc}") from exc
             base_dir = path.parent
@@ -172,23 +181,46 @@ def _load_external_data(model: onnx.ModelProto, name: str, base_dir: Path) -> No
     """Load the external data of a model read from a file in ``base_dir`` (files relative to it).
 
     :raises ModelNotFoundError: a data file the model names does not exist.
+    :raises NotRegularFileError: a data file is a FIFO, device, socket or directory.
     :raises InvalidModelError: a location outside ``base_dir``, or a file too short or unreadable.
     """
     external = _external_tensors(model)
     if not external:
         return
+    for tensor, location in external:
+        # Only plain relative locations are looked at: onnx refuses the others without touching them.
+        if location and not Path(location).is_absolute() and ".." not in Path(location).parts:
+            _check_external_file(name, tensor.name, location, base_dir)
     try:
         onnx.load_external_data_for_model(model, str(base_dir))
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-        for tensor, location in external:
-            # onnx says "not regular file"; name the file that is missing. Only plain relative
-            # locations are looked at: onnx refuses the others without touching them.
-            inside = location and not Path(location).is_absolute() and ".." not in Path(location).parts
-            if inside and not (base_dir / location).is_file():
-                raise ModelNotFoundError(
-                    f"model {name!r}: tensor {tensor.name!r} keeps its data in the external file "
-                    f"{location!r}, which does not exist next to the model (in {str(base_dir)!r})") from exc
         raise InvalidModelError(f"model {name!r}: its external data could not be loaded: {exc}") from exc
+
+
+def _check_external_file(name: str, tensor: str, location: str, base_dir: Path) -> None:
+    """Refuse an external data file that is missing or not a regular file, naming what it is.
+
+    The file is stat-ed, never opened (onnx reads it, bounded by the tensor's length, and refuses
+    a non-regular file itself); a link is judged by what it leads to.
+
+    :raises ModelNotFoundError: no file there (or a link leading nowhere).
+    :raises NotRegularFileError: a FIFO, device, socket or directory there (or a link to one).
+    """
+    path = base_dir / location
+    where = f"model {name!r}: tensor {tensor!r} keeps its data in the external file {location!r}"
+    try:
+        st = path.stat()
+    except FileNotFoundError as exc:
+        dangling = " (a link leading nowhere)" if path.is_symlink() else ""
+        raise ModelNotFoundError(f"{where}, which does not exist next to the model (in {str(base_dir)!r})"
+                                 f"{dangling}") from exc
+    except OSError:
+        return  # onnx reports what else is wrong
+    if not stat.S_ISREG(st.st_mode):
+        kind = file_kind(st.st_mode)
+        via = f" (a link to {os.path.realpath(path)!r})" if path.is_symlink() else ""
+        raise NotRegularFileError(f"{where}, which is {kind}{via}, not a regular file: nothing was read from it",
+                                  path=str(path), kind=kind)
 
 
 def _refuse_unresolved_external_data(model: onnx.ModelProto, name: str) -> None:

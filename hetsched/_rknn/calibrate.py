@@ -18,6 +18,7 @@ model with one graph input (:func:`load_calibration_dir`).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import threading
@@ -30,7 +31,8 @@ import onnx
 
 from hetsched._onnxruntime import ort_session
 
-from .._errors import BackendError, ModelError
+from .._errors import BackendError, ModelError, NotRegularFileError
+from .._platform.files import read_regular_file
 
 __all__ = ["CalibrationSet", "load_calibration_dir"]
 
@@ -167,5 +169,23 @@ def load_calibration_dir(directory: str | os.PathLike[str], input_names: Sequenc
         missing = [n for n in input_names if n not in files]
         if missing:
             raise ModelError(f"calibration sample {k} in {str(root)!r} has no file for the inputs {missing}")
-        feeds.append({n: np.load(files[n]) for n in input_names})
+        feeds.append({n: _load_npy(files[n]) for n in input_names})
     return feeds
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """One ``.npy`` array, read bounded and only from a regular file (a FIFO or a device is refused).
+
+    :raises NotRegularFileError: ``path`` is not a regular file.
+    :raises ModelError: it cannot be read or holds no ``.npy`` array.
+    """
+    try:
+        data = read_regular_file(path, what="calibration file")
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except NotRegularFileError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:
+        raise ModelError(f"calibration file {str(path)!r} is not a readable .npy array: {exc}") from exc
+    if not isinstance(array, np.ndarray):
+        raise ModelError(f"calibration file {str(path)!r} holds no .npy array")
+    return array
