@@ -10,7 +10,8 @@ ncnn takes on the twin's Mali, ncnn computing on this host's Vulkan device), and
 (the units in topological order, first third on the NPU, second on the GPU, the rest on a big
 cluster), each plan's stages, share of analytic FLOPs on the GPU, and cosine vs onnxruntime.
 
-Plus the silent pnnx cases (exit 0, wrong or unloadable output; ``../shared/reference/ncnn.md``):
+Plus the silent pnnx cases (exit 0, wrong or unloadable output; ``../shared/reference/ncnn.md``,
+and a Concat before any op that tells pnnx the batch axis, measured here):
 each is compiled; a case that compiles is run and compared, and ``silent_failures_run`` counts the
 ones that ran wrong (target 0: every one refused or right).
 
@@ -194,6 +195,9 @@ def _silent_cases() -> list[tuple[str, onnx.ModelProto]]:
         ("opset9_softmax_4d_conv1x1", model([helper.make_node("Conv", ["x", "W"], ["c"]),
                                              helper.make_node("Softmax", ["c"], ["y"], axis=1)],
                                             [1, 4, 1, 1], [1, 10, 1, 1], [w], opset=9)),
+        ("concat_before_any_batch_op", model([helper.make_node("Relu", ["x"], ["a"]),
+                                              helper.make_node("Concat", ["a", "x"], ["y"], axis=1)],
+                                             [1, 8, 16, 16], [1, 16, 16, 16])),
         ("inception_v1_asymmetric_averagepool", with_seeded_weights("light_inception_v1", seed=0)),
     ]
 

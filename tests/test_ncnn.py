@@ -154,7 +154,7 @@ def test_the_silent_pnnx_cases_are_refused_before_conversion(cache: Path):
     assert backend.statistics().refused == 3
 
 
-def _softmax9(gap: bool) -> onnx.ModelProto:
+def _softmax9(gap: bool = True) -> onnx.ModelProto:
     rng = np.random.default_rng(2)
     w = numpy_helper.from_array(rng.standard_normal((10, 4, 1, 1)).astype(np.float32), "W")
     nodes = [helper.make_node("Conv", ["x", "W"], ["c"])]
@@ -181,10 +181,12 @@ def test_opset9_softmax_on_a_4d_tensor_is_raised_to_opset13_and_right(cache: Pat
 
 
 def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figures(cache: Path):
-    """Measured: Conv 1x1 on a [1,4,1,1] input then Softmax (raised from opset 9) comes out wrong
-    from pnnx with exit 0; the compile-time probe refuses it (never run), and the refusal is cached."""
+    """Measured: pnnx infers the batch axis from the ops it sees; Relu then Concat(axis=1) over a raw
+    input fixes none, so ncnn concatenates along h (pnnx exits 0). The compile-time probe refuses
+    it (never run), with the figures, and the refusal is cached."""
     backend = NcnnBackend()
-    m = _softmax9(gap=False)
+    m = _model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Concat", ["a", "x"], ["y"], axis=1)],
+               [helper.make_tensor_value_info("x", F, [1, 8, 16, 16])], [helper.make_tensor_value_info("y", F, [1, 16, 16, 16])])
     try:
         stage = backend.compile(m, _dev(cache), name="bad")
     except CompileError as exc:
@@ -194,7 +196,7 @@ def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figure
         assert backend.statistics().cache.refusals_cached == 1
         return
     try:  # a later pnnx that converts it right: then it must match
-        x = np.random.default_rng(3).standard_normal((1, 4, 1, 1)).astype(np.float32)
+        x = np.random.default_rng(3).standard_normal((1, 8, 16, 16)).astype(np.float32)
         assert _cos(stage.run({"x": x})[0], _ref(m, {"x": x})[0]) > 0.99999
     finally:
         stage.close()
