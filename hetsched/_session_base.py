@@ -212,6 +212,8 @@ class SessionBase:
                 self._core.emit(Event.SESSION_END, error=exc or leak)
         if leak is not None and exc is None:
             raise leak
+        if exc is None and self._trace is not None and self._trace.failure is not None:
+            raise self._trace.failure  # a full disk: every request was answered, the trace is cut (issue 23)
 
     async def _shutdown(self, exc: BaseException | None) -> BufferLeakError | None:
         """Stop re-planning, the workers, close stages, the engine and the pools; returns the
