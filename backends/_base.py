@@ -200,6 +200,13 @@ class WorkerStateStage(Protocol):
     The runtime looks the hook up once, when the stage is set up (``callable(getattr(stage,
     "worker_state", None))``); only then are its runs called with ``state=``:
     ``run(feeds, state=s)`` and, for a :class:`BindableStage`, ``run_into(feeds, outputs, state=s)``.
+
+    A state can die (the device context's process killed): a run on it that raises
+    :class:`~hetsched.DeviceFailedError` makes the worker close it (``close_worker_state``) and
+    call ``worker_state`` again before its next run. A stage that can tell a dead state may also
+    define ``worker_state_alive(state) -> bool`` (looked up once, like ``worker_state``): it is
+    asked before each run, a dead state is replaced before it fails a run, and a state it calls
+    alive is kept after a ``DeviceFailedError``.
     """
 
     def worker_state(self, worker: WorkerInfo) -> object:

@@ -252,6 +252,12 @@ class RknnStage:
             self._live.add(id(ctx))
         return ctx
 
+    def worker_state_alive(self, state: object) -> bool:
+        """Whether a worker's context can still run: its toolkit process lives. One that died
+        (killed, crashed) is closed by the worker and :meth:`worker_state` builds a new one in
+        a new process before the next run (issue 23: one crash costs the runs in it)."""
+        return not isinstance(state, _Context) or state.proc.alive
+
     def _new_context(self, index: int, stop: threading.Event | None = None) -> _Context | None:
         """The stage built in worker ``index``'s process (None once ``stop`` is set).
 
@@ -333,6 +339,9 @@ class _TwinRknnStage(SimStage):
 
     def worker_state(self, worker: WorkerInfo) -> object:
         return self.rknn.worker_state(worker)
+
+    def worker_state_alive(self, state: object) -> bool:
+        return self.rknn.worker_state_alive(state)
 
     def close_worker_state(self, state: object) -> None:
         self.rknn.close_worker_state(state)

@@ -41,6 +41,13 @@ class ToolkitProcesses:
                 if entry is not None and entry[0].alive:
                     entry[1] += 1
                     return entry[0]
+                if entry is not None:
+                    # it died (killed, crashed): the stages still holding it get a new one as
+                    # their workers renew their contexts; its socket and arena go now (their
+                    # release() of it later closes it again: idempotent)
+                    del self._procs[key]
+            if entry is not None:
+                entry[0].close()
             proc = ToolkitProcess(name=device if index == 0 else f"{device} worker {index}")
             proc.start()
             with self._lock:
