@@ -45,7 +45,7 @@ from hetsched._rknn.accuracy import StageAccuracy, measure_accuracy, random_samp
 from hetsched._rknn.prepare import io_specs, prepare_stage
 
 from ._base import Capabilities, CompiledStage, Device, TensorSpec
-from ._ncnn_cache import NcnnCache, NcnnCacheStatistics, NcnnEntry, default_cache_dir, stage_key
+from ._ncnn_cache import CacheStatistics, NcnnCache, NcnnEntry, default_cache_dir, stage_key
 from ._ncnn_convert import (
     COSINE_FLOOR,
     NCNN_OPS,
@@ -102,7 +102,7 @@ class NcnnStageStatistics:
 
 @dataclass(frozen=True)
 class NcnnBackendStatistics:
-    cache: NcnnCacheStatistics
+    cache: CacheStatistics
     probes: int
     """Converted stages run against onnxruntime at compile time."""
     refused: int
@@ -279,9 +279,9 @@ class NcnnBackend:
 
     def statistics(self) -> NcnnBackendStatistics:
         with self._lock:
-            stats = [c.ncnn_statistics() for c in self._caches.values()]
+            stats = [c.statistics() for c in self._caches.values()]
             probes, refused = self._probes, self._refused
-        total = NcnnCacheStatistics(sum(s.conversions for s in stats), sum(s.cache_hits for s in stats),
+        total = CacheStatistics(sum(s.conversions for s in stats), sum(s.cache_hits for s in stats),
                                     sum(s.refusals_cached for s in stats), sum(s.seconds for s in stats),
                                     sum(s.rejected for s in stats))
         return NcnnBackendStatistics(total, probes, refused)
@@ -348,7 +348,7 @@ class NcnnBackend:
             if not cached or entry.accuracy is None:
                 cache.store(key, NcnnEntry(True, entry.message, entry.seconds, entry.param, entry.bin,
                                            {**stage.accuracy.to_json(), "source": stage.accuracy.source,
-                                            "vulkan_device": vk.name}))
+                                            "vulkan_device": vk.name}), conversion=not cached)
         except BaseException:
             stage.close()
             raise
