@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 
+from ._errors import TraceWriteError
 from ._events import EventInfo, Hooks
 from ._runtime._clock import Clock
 from ._trace_counters import CounterSampler
@@ -141,7 +142,8 @@ class SessionTrace:
     def open(self, devices: Sequence[str]) -> None:
         """Create the file, name the device processes, find the root's telemetry (blocking).
 
-        :raises OSError: the file cannot be created.
+        :raises OSError: the file cannot be created; :class:`TraceWriteError` (an ``OSError``) when
+            its first bytes cannot be written (a full disk).
         """
         self._writer.open()
         with self._lock:
@@ -200,6 +202,12 @@ class SessionTrace:
             "trace_period_s": self.period_s, "devices": self._devices, "board": board,
             "session_error": _error_text(error),
         })
+
+    @property
+    def failure(self) -> TraceWriteError | None:
+        """After :meth:`close`: the error that stopped the file early (a full disk), naming it and
+        where it ends; the session raises it as it closes. None: written whole."""
+        return self._writer.failure
 
     def statistics(self) -> TraceStatistics:
         return self._writer.statistics()
