@@ -30,6 +30,7 @@ the session raises when it closes (after every request was answered).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -187,13 +188,13 @@ class TraceWriter:
         while done < len(data):
             try:
                 n = f.write(view[done:])
-            except OSError as exc:
-                exc.written = done  # type: ignore[attr-defined]
+            except OSError as err:
+                err.written = done  # type: ignore[attr-defined]
                 raise
             if not n:  # a raw file that took nothing: no progress will come
-                exc = OSError(28, os.strerror(28))
-                exc.written = done  # type: ignore[attr-defined]
-                raise exc
+                full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                full.written = done  # type: ignore[attr-defined]
+                raise full
             done += n
 
     def _cut_back(self, f: BinaryIO) -> None:
