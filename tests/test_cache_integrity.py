@@ -201,3 +201,44 @@ def test_nothing_is_left_but_the_entries(tmp_path: Path):
     key = _converted(cache)
     names = sorted(os.listdir(tmp_path / "c" / key[:2]))
     assert names == sorted([f"{key}.onnx", f"{key}.rknn", f"{key}.json"])
+
+
+# -- the INT8 calibration dataset kept under the cache ---------------------------------------------
+
+
+def _calibration_set():  # type: ignore[no-untyped-def]
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from hetsched._rknn.calibrate import CalibrationSet
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return CalibrationSet(model, [{"x": np.full((1, 4), k, np.float32)} for k in range(3)])
+
+
+def test_the_calibration_dataset_is_verified_and_written_inside_the_cache(tmp_path: Path):
+    import numpy as np
+
+    cal = _calibration_set()
+    cache = tmp_path / "c"
+    dataset, digest = cal.write_dataset(cache, ["x"])
+    first = dataset.read_text()
+    npy = Path(first.split()[1])
+    assert np.load(npy)[0, 0] == 1.0
+    _same_size_tamper(npy)  # changed in place, same size: written again
+    assert cal.write_dataset(cache, ["x"]) == (dataset, digest)
+    assert np.array_equal(np.load(npy), np.full((1, 4), 1.0, np.float32)) and dataset.read_text() == first
+    # the digest's folder linked out of the cache: replaced, nothing written outside
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = cache / "calibration" / digest[:2]
+    for p in sorted(folder.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside, target_is_directory=True)
+    cal.write_dataset(cache, ["x"])
+    assert list(outside.iterdir()) == [] and not folder.is_symlink()
+    assert np.array_equal(np.load(npy), np.full((1, 4), 1.0, np.float32))

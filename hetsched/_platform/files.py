@@ -23,13 +23,13 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import NotRegularFileError
 
-__all__ = ["CacheStatistics", "ContentCache", "RejectedEntry", "atomic_write", "contained_sha256", "file_kind", "read_regular_file"]
+__all__ = ["CacheStatistics", "ContentCache", "RejectedEntry", "atomic_write", "contained_sha256", "file_kind", "open_contained_dir", "read_regular_file", "write_at"]
 
 log = logging.getLogger("hetsched.cache")
 
@@ -133,6 +133,55 @@ def contained_sha256(directory: str | os.PathLike[str], rel: str) -> str:
             os.close(ffd)
     finally:
         os.close(fd)
+
+
+def open_contained_dir(root: str | os.PathLike[str], parts: Sequence[str]) -> int:
+    """A descriptor of the folder ``root/parts[0]/parts[1]/...``, each component opened relative to
+    the one above with ``O_NOFOLLOW`` and created when missing; a link or a file standing where a
+    component should be is removed (the link itself, never its target), logged as a warning and
+    replaced by a folder. ``root`` (the cache directory the caller named) is created if missing
+    and may itself be a link. The caller closes the descriptor.
+
+    :raises ValueError: a component is empty, ``.`` or ``..`` or holds a ``/``.
+    :raises OSError: a folder cannot be created or opened.
+    """
+    if any(not p or p in (".", "..") or os.sep in p for p in parts):
+        raise ValueError(f"not plain folder names: {list(parts)!r}")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, _DIR)
+    try:
+        for part in parts:
+            for _ in range(2):
+                try:
+                    nxt = os.open(part, _SUBDIR, dir_fd=fd)
+                    break
+                except FileNotFoundError:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    log.warning("cache folder %s: %r is a link or a file, not a folder; it is never followed "
+                                "and is replaced by a folder", root, part)
+                    os.unlink(part, dir_fd=fd)
+            else:
+                nxt = os.open(part, _SUBDIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_at(dfd: int, name: str, data: bytes) -> None:
+    """Write ``data`` as ``name`` in the folder ``dfd``: a fresh ``O_EXCL`` temporary name renamed
+    over it, so a reader sees the old file or the new one and a link at ``name`` is replaced,
+    never followed.
+
+    :raises OSError: it cannot be written (the temporary file is removed).
+    """
+    _write_at(dfd, name, data)
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -21,6 +21,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ import onnx
 from hetsched._onnxruntime import ort_session
 
 from .._errors import BackendError, ModelError, NotRegularFileError
-from .._platform.files import read_regular_file
+from .._platform.files import open_contained_dir, read_regular_file, write_at
 
 __all__ = ["CalibrationSet", "load_calibration_dir"]
 
@@ -108,7 +109,9 @@ class CalibrationSet:
 
     def write_dataset(self, directory: str | os.PathLike[str], names: Sequence[str]) -> tuple[Path, str]:
         """Write the samples of ``names`` (a stage's inputs) as a toolkit dataset under
-        ``directory/calibration/`` (unless already there) and return (dataset file, digest).
+        ``directory/calibration/`` and return (dataset file, digest). Files already there are
+        compared byte for byte and written again where they differ; no link below ``directory``
+        is followed.
 
         :raises ModelError: a tensor could not be computed.
         :raises BackendError: the directory cannot be written.
@@ -118,8 +121,32 @@ class CalibrationSet:
         digest = _digest(names, samples)
         where = Path(directory) / "calibration" / digest[:2] / digest
         dataset = where / "dataset.txt"
-        if dataset.is_file():
-            return dataset, digest
+        # the toolkit's process reads the files by these absolute names
+        listed = Path(os.path.realpath(directory)) / "calibration" / digest[:2] / digest
+        files: dict[str, bytes] = {}
+        lines = []
+        for k, sample in enumerate(samples):
+            names_k = []
+            for i, arr in enumerate(sample):
+                buf = io.BytesIO()
+                np.save(buf, arr, allow_pickle=False)
+                files[f"{k}_{i}.npy"] = buf.getvalue()
+                names_k.append(str(listed / f"{k}_{i}.npy"))
+            lines.append(" ".join(names_k))
+        text = ("\n".join(lines) + "\n").encode()
+        try:
+            # below the cache directory nothing is followed through a link (a linked folder is
+            # replaced) and what is there is compared, not trusted: what differs is written again
+            dfd = open_contained_dir(directory, ["calibration", digest[:2], digest])
+            try:
+                for name, data in [*files.items(), ("dataset.txt", text)]:  # the list last
+                    if _read_at(dfd, name) != data:
+                        write_at(dfd, name, data)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            raise BackendError(f"cannot write the calibration dataset under {str(where)!r}: {exc}") from exc
+        return dataset, digest
         try:
             where.mkdir(parents=True, exist_ok=True)
             lines = []
@@ -171,6 +198,21 @@ def load_calibration_dir(directory: str | os.PathLike[str], input_names: Sequenc
             raise ModelError(f"calibration sample {k} in {str(root)!r} has no file for the inputs {missing}")
         feeds.append({n: _load_npy(files[n]) for n in input_names})
     return feeds
+
+
+def _read_at(dfd: int, name: str) -> bytes | None:
+    """The bytes of the regular file ``name`` in ``dfd`` (not through a link), else None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return os.read(fd, st.st_size + 1) if st.st_size < (1 << 30) else None
+    finally:
+        os.close(fd)
 
 
 def _load_npy(path: Path) -> np.ndarray:
