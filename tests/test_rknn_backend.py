@@ -198,7 +198,9 @@ def test_a_refused_stage_raises_the_toolkits_message_and_the_refusal_is_cached(t
     with pytest.raises(CompileError) as again:
         backend.compile(m, dev, name="nms")
     assert time.perf_counter() - t0 < 1.0  # no process started, nothing converted
-    assert str(again.value) == str(first.value)
+    # the same words, saying they come from the cache and naming its verdict file (issue 23)
+    assert str(again.value).endswith(str(first.value).removeprefix("npu:2: "))
+    assert "a cached refusal" in str(again.value) and ".json" in str(again.value)
     s = backend.statistics()
     assert (s.conversions, s.cache_hits, s.refusals_cached) == (converted.conversions, 1, 1)
 
