@@ -41,6 +41,8 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
                       {"hot_throughput_ratio", "failover_lost_requests", "failover_recovery_s", "replans",
                        "static_throttle_events", "adaptive_throttle_events", "static_energy_per_request_mj",
                        "adaptive_energy_per_request_mj"}),
+    "failover_probe.py": (["--replan-requests", "800", "--context-requests", "400", "--kills", "4"],
+                          {"requests", "completed", "failed_promised_retry", "lost", "wrong", "scenarios"}),
     "ncnn_gpu.py": (["--models", "squeezenet", "--inputs", "1"],
                     {"min_cosine_fp32", "min_cosine_fp16", "silent_failures_run", "targets", "models"}),
     "rknn.py": (["--models", "squeezenet", "--inputs", "1"],
@@ -97,6 +99,10 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
         assert result["silent_failures_run"] == 0 and result["min_cosine_fp32"] >= 0.9999
         (row,) = result["models"]
         assert row["cache_hits"] >= 2 and all("modelled_ms" in p or "skipped" in p for p in row["twin_plans"].values())
+    if name == "failover_probe.py":  # issue 23: nothing failover promises to retry fails, nothing is lost
+        assert result["failed_promised_retry"] == 0 and result["lost"] == 0 and result["wrong"] == 0
+        assert result["completed"] == result["requests"] == 2 * (800 + 400)
+        assert all(sc["quarantines"] >= 1 for k, sc in result["scenarios"].items() if k.startswith("replan_race"))
     if name == "board_loop.py":
         assert result["failover_lost_requests"] == 0  # every request of the stream got its (checked) result
         assert result["replans"] >= 1
