@@ -27,6 +27,7 @@ from ._errors import BufferStateError as BufferStateError
 from ._errors import CompileError as CompileError
 from ._errors import DeviceFailedError as DeviceFailedError
 from ._errors import DeviceSpecError as DeviceSpecError
+from ._errors import FreeDimsError as FreeDimsError
 from ._errors import FrequencyLockError as FrequencyLockError
 from ._errors import GovernorBusyError as GovernorBusyError
 from ._errors import GovernorError as GovernorError
@@ -191,6 +192,7 @@ __all__ = (
     "Hooks",
     "InferenceSession",
     "InferenceSessionStatistics",
+    "FreeDimsError",
     "InputError",
     "InvalidModelError",
     "LiveTwin",

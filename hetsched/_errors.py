@@ -13,6 +13,7 @@ that already catch ``FileNotFoundError`` or ``PermissionError`` keep working::
     ├── PlacementError                  (+ ValueError) a policy returned an unusable placement
     ├── DeviceSpecError                 (+ ValueError) a device spec string could not be parsed
     ├── InputError                      (+ ValueError) feeds: unknown/missing name, wrong dtype/shape
+    │   └── FreeDimsError               inputs with free dims and no shapes= / --shape (names them)
     ├── BackendError                    a backend failed
     │   ├── BackendUnavailableError     (+ ImportError) optional SDK missing; names the pip extra
     │   ├── CompileError                a stage could not be compiled for its device
@@ -60,6 +61,7 @@ __all__ = [
     "GovernorBusyError",
     "GovernorError",
     "HetschedError",
+    "FreeDimsError",
     "InputError",
     "InvalidModelError",
     "ModelError",
@@ -141,6 +143,20 @@ class InputError(HetschedError, ValueError):
 
     The message names the input, what was expected and what was given.
     """
+
+
+class FreeDimsError(InputError):
+    """The model has inputs with free dimensions and nothing fixes them (``shapes=``,
+    ``--shape``) where fixed shapes are needed: accelerator stages, and the CLI, which makes up
+    inputs. The message names every such input, its free dims, and the ``--shape`` to pass.
+    ``inputs``: ``{input name: (free dim names, ...)}``; ``suggestion``: ``{input: example shape}``.
+    """
+
+    def __init__(self, message: str, *, inputs: dict[str, tuple[str, ...]] | None = None,
+                 suggestion: dict[str, tuple[int, ...]] | None = None):
+        super().__init__(message)
+        self.inputs = dict(inputs or {})
+        self.suggestion = dict(suggestion or {})
 
 
 # -- backends -----------------------------------------------------------------
