@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._compat import StrEnum
+
 __all__ = ["CompileInfo", "Event", "EventInfo", "HookDispatcher", "Hooks", "Priority", "ReplanInfo"]
 
 
@@ -24,7 +26,7 @@ class Priority(enum.IntEnum):
     BACKGROUND = 3
 
 
-class Event(enum.StrEnum):
+class Event(StrEnum):
     """Events of a Session, in the order they fire::
 
         async with Session(model) as s:          # opening (and each re-plan, e.g. Session.profile):

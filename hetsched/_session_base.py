@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -21,10 +21,11 @@ from hetsched.backends import Device, get_backend
 from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 
 from ._adapt import Adapter
+from ._compat import Self
 from ._core import SessionCore
 from ._errors import BufferLeakError, PartitionError, PlacementError, RuntimeStateError
 from ._events import Event, HookDispatcher
-from ._feeds import FeedChecker
+from ._feeds import STATIC_SHAPE_BACKENDS, FeedChecker, require_fixed_shapes
 from ._planning.costs import CostTable
 from ._planning.devices import resolve_devices
 from ._planning.graph import GraphIndex
@@ -159,6 +160,9 @@ class SessionBase:
         index, constants = await anyio.to_thread.run_sync(load_index, self._source, self._shapes)
         self._index = index
         self._devices = list(resolve_devices(self._device_specs, root=self._root))
+        static = [d.name for d in self._devices if d.backend in STATIC_SHAPE_BACKENDS]
+        if static:  # before anything runs: free dims reach no stage that needs fixed shapes
+            require_fixed_shapes(index, f"stages on {', '.join(static)}")
         self._topology, self._host = make_topology(self._topology_arg, self._devices)
         self._retired_runs = 0
         self._compile_base = compile_counters(self._devices)

@@ -19,9 +19,11 @@ from onnx import numpy_helper
 
 from hetsched.backends import CompiledStage, Device, get_backend
 
+from ._compat import add_note
 from ._errors import CompileError, TransferError
 from ._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
 from ._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
+from ._planning.fold import fold_shape_arithmetic
 from ._planning.graph import GraphIndex
 from ._planning.model import ModelSource, load_model, with_input_shapes
 from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
@@ -55,7 +57,8 @@ def load_index(source: ModelSource, shapes: Mapping[str, Sequence[int]] | None =
 
     Blocking (reads and checks the model). A str that is no file may name an embedded model
     (see :func:`hetsched.load_model`). ``shapes`` fixes free input dimensions before planning
-    (see :func:`hetsched._planning.model.with_input_shapes`).
+    (see :func:`hetsched._planning.model.with_input_shapes`); then the shape arithmetic that is
+    constant at those shapes is folded (:func:`hetsched._planning.fold.fold_shape_arithmetic`).
 
     :raises ModelError: the model could not be loaded.
     :raises InputError: ``shapes`` names no input or contradicts the model.
@@ -63,6 +66,7 @@ def load_index(source: ModelSource, shapes: Mapping[str, Sequence[int]] | None =
     model = load_model(source)
     if shapes:
         model = with_input_shapes(model, shapes)
+    model, _ = fold_shape_arithmetic(model)  # shape arithmetic never crosses a stage boundary
     index = GraphIndex(model)
     constants = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
                  if init.name in index.graph_outputs}
@@ -204,7 +208,7 @@ def _raise_collected(errors: Sequence[BaseException]) -> None:
     """Raise the first error; the others go into its notes (none is lost)."""
     first = errors[0]
     for other in errors[1:]:
-        first.add_note(f"also: {type(other).__name__}: {other}")
+        add_note(first, f"also: {type(other).__name__}: {other}")
     raise first
 
 

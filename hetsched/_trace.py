@@ -237,9 +237,10 @@ class SessionTrace:
         return pid
 
     def _track(self, pid: int, key: tuple[Any, ...], name: str) -> int:
-        tid = self._tracks.get((pid, *key))
+        track = (pid, *key)
+        tid = self._tracks.get(track)
         if tid is None:
-            tid = self._tracks[(pid, *key)] = self._next_tid
+            tid = self._tracks[track] = self._next_tid
             self._next_tid += 1
             self._process(pid)
             self._emit({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})

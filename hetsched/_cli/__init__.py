@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from hetsched._compat import BaseExceptionGroup
+
 __all__ = ["main"]
 
 # Order is the order of ``hetsched --help``.
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     out: list[BaseException] = []
     for e in group.exceptions:
         out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])

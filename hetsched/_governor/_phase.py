@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
+from .._compat import StrEnum
 from .._errors import GovernorError
 
 __all__ = ["Phase", "as_phase"]

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
+from .._compat import StrEnum
 from .._errors import TransferError
 
 __all__ = ["MemoryDomain", "MemoryKind", "Topology"]

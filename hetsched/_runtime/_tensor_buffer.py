@@ -7,12 +7,12 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import DTypeLike
 
+from .._compat import StrEnum
 from .._errors import BufferStateError
 from ._domains import MemoryDomain
 from ._memory import _Block

@@ -46,8 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Self
 
+from .._compat import Self
 from .._errors import TwinError
 
 __all__ = [
