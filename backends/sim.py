@@ -120,20 +120,15 @@ class SimStage:
         return t, energy
 
     def _roofline(self) -> tuple[float, float, float]:
-        """(seconds, joules, seconds the memory is busy) of one run at the current clocks."""
-        opt = self.device.options
-        clock: Callable[[str], int | None] = opt["clock"]
-        domain = opt["profile_domain"]
-        mem = opt.get("memory_domain_profile")
-        f = clock(domain.name) or domain.max_hz
-        t_compute = self.flops / max(1.0, domain.ops_per_cycle * f)
-        t_mem = 0.0
-        if mem is not None and self.bytes:
-            fm = clock(mem.name) or mem.max_hz
-            t_mem = self.bytes / max(1.0, mem.bandwidth_bps(fm))
-        t = max(t_compute, t_mem)
+        """(seconds, joules, seconds the memory is busy) of one run at the current clocks: the
+        planner's own model (:func:`hetsched._planning.costs.roofline`), so a plan's estimate for a
+        twin device is the time the twin then models."""
+        from hetsched._planning.costs import roofline
+
+        domain = self.device.options["profile_domain"]
+        t, t_compute, t_mem, f = roofline(self.device, self.flops, self.bytes)
         util = t_compute / t if t > 0 else 0.0
-        energy = domain.full_power_w(f) * util * t
+        energy = domain.full_power_w(f or domain.max_hz) * util * t
         return t, energy, t_mem
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

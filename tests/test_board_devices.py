@@ -51,8 +51,24 @@ def test_every_profile_is_covered() -> None:
     assert set(DLA_CORES) == set(known_socs())
 
 
+@pytest.fixture
+def mali_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on an RK3588 where ncnn finds the Mali through a hardware Vulkan driver."""
+    import hetsched.backends._ncnn_devices as ncnn_devices
+
+    monkeypatch.setattr(ncnn_devices, "hardware_reason", lambda: None)
+
+
+@pytest.fixture
+def no_mali(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on an RK3588 without ncnn or a Vulkan driver for the Mali (every real board today)."""
+    import hetsched.backends._ncnn_devices as ncnn_devices
+
+    monkeypatch.setattr(ncnn_devices, "hardware_reason", lambda: "ncnn is not installed (pip install 'hetsched[ncnn]')")
+
+
 @pytest.mark.parametrize("soc", sorted(DLA_CORES))
-def test_default_devices_are_the_boards(roots: dict[str, Path], soc: str, toolkit_found: None) -> None:
+def test_default_devices_are_the_boards(roots: dict[str, Path], soc: str, toolkit_found: None, mali_runs: None) -> None:
     devices = resolve_devices(None, root=roots[soc])
     dla = [f"dla:{i}" for i in range(DLA_CORES[soc])]
     npu = ["npu"] if soc == "rk3588" else []
@@ -68,7 +84,22 @@ def test_default_devices_are_the_boards(roots: dict[str, Path], soc: str, toolki
     assert board_device_notes(roots[soc]) == []
 
 
-def test_without_the_toolkit_the_npu_is_left_out_and_noted(roots: dict[str, Path], no_toolkit: None,
+def test_a_mali_without_a_backend_is_no_default_and_noted(roots: dict[str, Path], toolkit_found: None,
+                                                         no_mali: None, caplog: pytest.LogCaptureFixture) -> None:
+    # A real RK3588's Mali runs only through ncnn on a hardware Vulkan driver: without one, the
+    # twin's default devices are those the real board could run (issue 24: plans put whole
+    # models on a GPU the board cannot use).
+    with caplog.at_level(logging.WARNING, logger="hetsched.devices"):
+        assert _names(None, roots["rk3588"]) == [*CLUSTERS["rk3588"], "npu"]
+    (note,) = board_device_notes(roots["rk3588"])
+    assert note.startswith("gpu: left out of the rk3588") and "hetsched[ncnn]" in note
+    assert note in caplog.text
+    # named, the twin's GPU is still there; the Orin's GPU (TensorRT on the real board) stays a default
+    assert _names(["gpu"], roots["rk3588"]) == ["gpu"]
+    assert "gpu" in _names(None, roots["orin-nx"]) and board_device_notes(roots["orin-nx"]) == []
+
+
+def test_without_the_toolkit_the_npu_is_left_out_and_noted(roots: dict[str, Path], no_toolkit: None, mali_runs: None,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="hetsched.devices"):
         assert _names(None, roots["rk3588"]) == [*CLUSTERS["rk3588"], "gpu"]

@@ -17,10 +17,12 @@ Specs on a board root (:func:`board_specs` lists a board's):
 - the twin's device and domain names themselves (``cluster4``, ``dla0``);
 - ``cpu:LIST`` keeps its meaning everywhere: those host cores, for real.
 
-``None`` (no specs) is every cluster, the GPU, the DLA cores and the RK3588 NPU when the RKNN
-toolkit environment exists. Without it the NPU is left out; :func:`board_device_notes` says so
-(and a ``hetsched.devices`` log warning is written when the default list is built), since
-stages planned onto it could not compile.
+``None`` (no specs) is the devices the real board has a backend for: every cluster, the GPU, the DLA
+cores and the RK3588 NPU when the RKNN toolkit environment exists. Without it the NPU is left out;
+:func:`board_device_notes` says so (and a ``hetsched.devices`` log warning is written when the default
+list is built), since stages planned onto it could not compile. The RK3588's Mali GPU has no backend on
+a real board but ncnn on a hardware Vulkan driver (``hetsched[ncnn]``), so it is a default only where
+ncnn finds one (``gpu:ncnn`` and ``gpu`` still name it); otherwise the note says why it was left out.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ log = logging.getLogger("hetsched.devices")
 
 _GPU_SPECS = ("gpu", "gpu:0")
 _NPU_SOCS = ("rk3588",)
+_MALI_SOCS = ("rk3588",)
+"""SoCs whose GPU a real board runs only through ncnn (no other backend targets the Mali)."""
 
 
 def board_soc(fs: SysfsRoot) -> str | None:
@@ -147,9 +151,19 @@ def _npu_note(board: BoardRoot) -> str | None:
     return f"npu: left out of the {board.soc} board's default devices: {reason}"
 
 
+def _gpu_note(board: BoardRoot) -> str | None:
+    """Why the board's GPU is not a default device (None: it is, or the board has none)."""
+    if board.soc not in _MALI_SOCS or not any(d.kind == "gpu" for d in board.twins):
+        return None
+    from hetsched.backends._ncnn_devices import mali_note
+
+    return mali_note(board.soc)
+
+
 def board_device_notes(root: str | SysfsRoot) -> list[str]:
     """What the default device list of the board under ``root`` leaves out, and why: the RK3588
-    NPU when the RKNN toolkit environment is missing; on a real Jetson Orin (the host's ``/``)
+    NPU when the RKNN toolkit environment is missing, its Mali GPU without ncnn on a hardware Vulkan
+    driver (a real board has no other backend for it); on a real Jetson Orin (the host's ``/``)
     the GPU and DLA cores when the ``tensorrt`` backend cannot run
     (:func:`~hetsched._planning.jetson_devices.jetson_device_notes`). Empty for any other root,
     and when nothing is left out."""
@@ -159,13 +173,16 @@ def board_device_notes(root: str | SysfsRoot) -> list[str]:
         from .jetson_devices import jetson_device_notes
 
         return jetson_device_notes(fs)
-    note = _npu_note(board)
-    return [note] if note else []
+    return [note for note in (_gpu_note(board), _npu_note(board)) if note]
 
 
 def default_board_devices(board: BoardRoot) -> list[Device]:
-    """Every cluster, the GPU, the NPU (when its toolkit exists) and the DLA cores."""
-    out = [*board.clusters, *(d for d in board.twins if d.kind == "gpu")]
+    """Every cluster, the GPU (the RK3588's Mali only where ncnn runs it), the NPU (when its
+    toolkit exists) and the DLA cores."""
+    gpu_note = _gpu_note(board)
+    if gpu_note is not None:
+        log.warning("%s", gpu_note)
+    out = [*board.clusters, *(d for d in board.twins if d.kind == "gpu" and gpu_note is None)]
     if board.npu is not None:
         note = _npu_note(board)
         if note is None:

@@ -7,7 +7,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,20 @@ from .._errors import ProfileError
 from .graph import GraphIndex
 
 __all__ = [
+    "BOUNDARY",
     "LAUNCH_S",
+    "BoundaryCosts",
     "CostTable",
     "CostTableStatistics",
     "NodeCost",
     "analytic_node_costs",
     "launch_seconds",
+    "device_rates",
+    "device_seconds",
     "modelled_energy_j",
+    "roofline",
     "sync_seconds_per_byte",
+    "unit_overhead",
     "value_bytes",
 ]
 
@@ -52,6 +58,117 @@ STAGE_OVERHEAD_S = 30e-6
 # in tests/test_npu_placement.py); a device's ``options["launch_s"]`` overrides it (a figure
 # measured on the board). GPU: an assumed prior for a kernel-queue submission and wait.
 LAUNCH_S: Mapping[str, float] = {"cpu": STAGE_OVERHEAD_S, "gpu": 100e-6, "npu": 400e-6}
+
+
+@dataclass(frozen=True)
+class BoundaryCosts:
+    """What a stage boundary costs: the planner's one named config for it (``build_plan(boundary=...)``).
+
+    A plan is priced as a chain of stage calls. Each hand-off between two devices costs
+    ``dispatch_latency_s`` plus the launch of the receiving device's stage (:attr:`launch_s` by
+    device kind; a device's ``options["launch_s"]`` wins, see :func:`launch_seconds`) plus the
+    tensor's bytes over the link: free between CPUs, a cache sync at the slower device's memory
+    bandwidth when an accelerator shares DRAM (:func:`sync_seconds_per_byte`), a copy at
+    ``cross_domain_bps`` between memory domains. After the policy placed every unit, each
+    connected group of units on one device (a stage-to-be) must *pay for its boundary*: when
+    moving the whole group to another device that can run all of it saves more (launches,
+    dispatches, bytes) than it costs in compute, it moves (Band's minimum subgraph size, priced
+    instead of counted); repeated for at most ``fold_sweeps`` sweeps or until nothing moves.
+    ``fold_sweeps=0`` keeps the policy's placement as it is. Priors of the analytic model: no
+    per-call figure was measured on a board here (measured stage times replace the estimates).
+    """
+
+    launch_s: Mapping[str, float] = field(default_factory=lambda: dict(LAUNCH_S))
+    """Fixed seconds of one stage call by device kind (``"cpu"``, ``"gpu"``, ``"npu"``, ``"dla"``)."""
+    dispatch_latency_s: float = 40e-6
+    """Seconds of one hand-off between two devices besides the receiver's launch (queueing a
+    request to another worker)."""
+    cross_domain_bps: float = 4.0e9
+    """Bytes per second of a copy between two memory domains (a discrete accelerator's)."""
+    unit_overhead_s: float = STAGE_OVERHEAD_S
+    """Seconds the analytic model adds per unit on a device without a twin model (onnxruntime
+    call setup); a twin-modelled device's unit costs its roofline time alone, as the twin counts."""
+    fold_sweeps: int = 8
+
+    def __post_init__(self) -> None:
+        for name, value in (("dispatch_latency_s", self.dispatch_latency_s), ("unit_overhead_s", self.unit_overhead_s),
+                            *((f"launch_s[{k!r}]", v) for k, v in self.launch_s.items())):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                                      and value >= 0):
+                raise ValueError(f"BoundaryCosts.{name} must be a finite number of seconds >= 0, got {value!r}")
+        if not (self.cross_domain_bps > 0 and math.isfinite(self.cross_domain_bps)):
+            raise ValueError(f"BoundaryCosts.cross_domain_bps must be a positive number, got {self.cross_domain_bps!r}")
+        if isinstance(self.fold_sweeps, bool) or not isinstance(self.fold_sweeps, int) or self.fold_sweeps < 0:
+            raise ValueError(f"BoundaryCosts.fold_sweeps must be an int >= 0, got {self.fold_sweeps!r}")
+
+    def launch(self, device: Device) -> float:
+        """Seconds of one stage call on ``device``: its ``options["launch_s"]``, else this config's
+        figure for its kind (a DLA without one of its own: the GPU's, same submission queue)."""
+        value = device.options.get("launch_s")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+        kind = device.kind
+        if kind == "dla" and "dla" not in self.launch_s:
+            kind = "gpu"
+        return float(self.launch_s.get(kind, self.unit_overhead_s))
+
+
+BOUNDARY = BoundaryCosts()
+"""The default :class:`BoundaryCosts`."""
+
+
+def device_rates(device: Device) -> tuple[float, float, int | None]:
+    """``(FLOP/s, bytes/s, clock Hz)`` of ``device`` now: the rates :func:`roofline` divides by.
+
+    A device that carries a SoC profile domain (a twin's device, the RKNN NPU on a twin's root)
+    computes at its domain's current clock (``options["clock"]``, the top OPP when unknown) scaled
+    from its ``peak_flops`` (so an NPU device on one of three cores computes at a third of the
+    domain's rate), its memory at the memory domain's current bandwidth; any other device at its
+    ``peak_flops`` and ``mem_bandwidth`` (clock None).
+    """
+    opt = device.options
+    domain = opt.get("profile_domain")
+    if domain is None:
+        return max(1.0, device.peak_flops), max(1.0, device.mem_bandwidth), None
+    clock = opt.get("clock")
+    max_hz = int(domain.max_hz)
+    f = (clock(domain.name) if callable(clock) else None) or max_hz
+    peak = device.peak_flops if device.peak_flops > 0 else float(domain.ops_per_cycle) * max_hz
+    mem = opt.get("memory_domain_profile")
+    if mem is None:
+        bw = float("inf")
+    else:
+        fm = (clock(mem.name) if callable(clock) else None) or mem.max_hz
+        bw = max(1.0, float(mem.bandwidth_bps(fm)))
+    return max(1.0, peak * f / max(1, max_hz)), bw, int(f)
+
+
+def roofline(device: Device, flops: float, nbytes: float) -> tuple[float, float, float, int | None]:
+    """``(seconds, compute seconds, memory seconds, clock Hz)`` of ``flops`` and ``nbytes`` on ``device``
+    at its rates now (:func:`device_rates`): seconds = max(compute, memory).
+
+    The one model of a device's time, used by the planner's estimate and by the twin's modelled
+    time (``backends.sim.SimStage``) alike.
+    """
+    fps, bps, f = device_rates(device)
+    t_c = max(0.0, flops) / fps
+    t_m = max(0.0, nbytes) / bps
+    return max(t_c, t_m), t_c, t_m, f
+
+
+def device_seconds(device: Device, flops: float, nbytes: float, boundary: BoundaryCosts | None = None) -> float:
+    """The planner's estimate of one unit (or stage) on ``device``: :func:`roofline`, plus the
+    analytic unit overhead on a device the twin does not model."""
+    t = roofline(device, flops, nbytes)[0]
+    return t + unit_overhead(device, boundary)
+
+
+def unit_overhead(device: Device, boundary: BoundaryCosts | None = None) -> float:
+    """Seconds the estimate adds per unit on ``device``: none on a twin-modelled device (the twin
+    counts the roofline alone; launches are priced at the boundaries), else the analytic overhead."""
+    if "profile_domain" in device.options:
+        return 0.0
+    return boundary.unit_overhead_s if boundary is not None else STAGE_OVERHEAD_S
 
 
 def launch_seconds(device: Device) -> float:

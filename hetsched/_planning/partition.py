@@ -24,7 +24,7 @@ from hetsched.backends import Capabilities
 from .._errors import PartitionError
 from .graph import GraphIndex
 
-__all__ = ["StageSpec", "UnitDraft", "compute_units", "extract_stage", "merge_stages"]
+__all__ = ["StageSpec", "UnitDraft", "compute_units", "extract_stage", "input_dtypes", "merge_stages"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class StageSpec:
     inside If/Loop/Scan bodies needs that) and nothing is transferred per request."""
 
 
-def _input_dtypes(index: GraphIndex, names: Sequence[str]) -> list[int | None]:
+def input_dtypes(index: GraphIndex, names: Sequence[str]) -> list[int | None]:
     out: list[int | None] = []
     for n in names:
         t = index.value_type(n)
@@ -93,7 +93,7 @@ def compute_units(
     unsupported: set[str] = set()
     for ref in index.nodes:
         opset = index.opsets.get(ref.domain, index.opsets.get("", 1))
-        dts = tuple(_input_dtypes(index, ref.inputs[:4]))
+        dts = tuple(input_dtypes(index, ref.inputs[:4]))
         key = (ref.op_type, ref.domain, opset, dts)
         m = cache.get(key)
         if m is None:

@@ -2,50 +2,52 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hetsched._errors import PartitionError, PlacementError
 from hetsched.backends import Capabilities, Device, get_backend
 from hetsched.policies import (
+    HEFT,
     DeviceState,
     Link,
     Placement,
     PlacementPolicy,
     PlacementProblem,
+    PowerThermalWeighted,
     Unit,
     get_policy,
     policy_name,
     validate_placement,
 )
 
+from .coarsen import coarsen
 from .costs import (
-    STAGE_OVERHEAD_S,
+    BOUNDARY,
+    BoundaryCosts,
     CostTable,
     NodeCost,
     analytic_node_costs,
-    launch_seconds,
+    device_rates,
+    device_seconds,
     modelled_energy_j,
     sync_seconds_per_byte,
+    unit_overhead,
     value_bytes,
 )
 from .graph import GraphIndex
-from .partition import StageSpec, compute_units, merge_stages
+from .partition import StageSpec, UnitDraft, compute_units, constant_nodes, input_dtypes, merge_stages
 
-__all__ = ["Plan", "Refusal", "build_plan", "unit_key"]
+__all__ = ["OffloadNote", "OffloadReason", "Plan", "Refusal", "build_plan", "unit_key"]
 
-# Pricing of a stage boundary between devices: this dispatch latency plus the receiving
-# device's launch (a new stage starts there: costs.launch_seconds); same memory domain: a
-# cache sync when an accelerator is on either side (costs.sync_seconds_per_byte), across
-# domains: a copy at this bandwidth. Assumed priors of the analytic model (measured stage
-# times replace the estimates).
-_BOUNDARY_LATENCY_S = 40e-6
-_CROSS_DOMAIN_BPS = 4.0e9
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 
 
 def unit_key(index: GraphIndex, nodes: Sequence[int]) -> str:
@@ -64,6 +66,33 @@ class Refusal:
     device: str
     reason: str
     """The backend's own message (a :class:`CompileError`'s text)."""
+
+
+class OffloadReason(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; the floor is 3.10)
+    """Why a unit is not on the plan's NPU (:attr:`Plan.offload`)."""
+
+    REFUSED = "refused"
+    """The backend tried and refused it (the toolkit's message is the note's detail)."""
+    UNSUPPORTED_OP = "unsupported-op"
+    """An op (or its input types) the NPU's op list does not run."""
+    CONTROL_FLOW = "control-flow"
+    """If/Loop/Scan: a subgraph the NPU cannot run."""
+    TOO_SMALL = "too-small"
+    """It could run there, but its stage would not pay for its boundary (:class:`BoundaryCosts`)."""
+    SLOWER = "slower"
+    """It could run there; the policy estimated it finishes sooner elsewhere."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadNote:
+    """A unit not placed on the NPU ``npu`` although the plan has one, and why."""
+
+    unit: int
+    npu: str
+    device: str
+    """Where the unit runs instead."""
+    reason: OffloadReason
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -88,16 +117,34 @@ class Plan:
     """Per stage id, the analytic FLOPs of its nodes."""
     device_states: Mapping[str, DeviceState] = field(default_factory=dict)
     """Per device, the state the policy was given for this plan (defaults where none was known)."""
+    stage_bytes: tuple[float, ...] = field(default=(), repr=False)
+    """Per stage id, the analytic bytes its nodes move."""
+    stage_modelled: tuple[float | None, ...] = field(default=(), repr=False)
+    """Per stage id: on a twin-modelled device whose units have no measured cost, the calibration
+    factor its estimate takes (1.0 without a cost table); None where the estimate is the sum of
+    its units' costs."""
+    offload: tuple[OffloadNote, ...] = ()
+    """Per unit not on the plan's NPU (when it has one): where it runs and why not on the NPU."""
 
     def backend_of(self, device: str) -> str:
         """The backend name of the plan's device called ``device``."""
         return next(d.backend for d in self.devices if d.name == device)
 
     def stage_costs(self) -> dict[int, float]:
-        """Expected seconds per stage (sum of its units' costs on its device)."""
-        return {
-            s.id: sum(self.problem.cost[(u, s.device)] for u in s.units) for s in self.stages
-        }
+        """Expected seconds per stage: on a twin-modelled device, the twin's own model of the whole
+        stage at the device's clocks *now* (:func:`~hetsched._planning.costs.roofline`, what its
+        stage will report as its modelled time, so a governor raising a clock moves both alike);
+        else the sum of its units' costs (measured where known)."""
+        out: dict[int, float] = {}
+        modelled = self.stage_modelled if len(self.stage_modelled) == len(self.stages) else ()
+        for s in self.stages:
+            factor = modelled[s.id] if modelled else None
+            if factor is not None:
+                dev = next(d for d in self.devices if d.name == s.device)
+                out[s.id] = device_seconds(dev, self.stage_flops[s.id], self.stage_bytes[s.id]) * factor
+            else:
+                out[s.id] = sum(self.problem.cost[(u, s.device)] for u in s.units)
+        return out
 
     def table(self, op_limit: int = 4, reason_chars: int = 72) -> str:
         """A readable placement table; below it, each refused (unit, device) pair with the
@@ -121,6 +168,19 @@ class Plan:
             for r in self.refused:
                 kinds = ", ".join(sorted(set(self.units[r.unit].op_types))[:op_limit])
                 lines.append(f"  unit {r.unit} ({kinds}) not on {r.device}: {_shorten(r.reason, reason_chars)}")
+        if self.offload:
+            lines.append("")
+            lines.append("not on the NPU:")
+            grouped: dict[tuple[str, str, OffloadReason], list[OffloadNote]] = {}
+            for note in self.offload:
+                grouped.setdefault((note.npu, note.device, note.reason), []).append(note)
+            for (npu, dev, reason), notes in grouped.items():
+                uids = [n.unit for n in notes]
+                which = ", ".join(str(u) for u in uids[:6]) + (f" (+{len(uids) - 6})" if len(uids) > 6 else "")
+                details = list(dict.fromkeys(n.detail for n in notes))
+                more = f" (+{len(details) - 1} more)" if len(details) > 1 else ""
+                lines.append(f"  unit{'s' if len(uids) > 1 else ''} {which} on {dev}, not {npu}: {reason.value}: "
+                             f"{_shorten(details[0], reason_chars)}{more}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -147,6 +207,8 @@ class Plan:
                 for u in self.units
             ],
             "refused": [{"unit": r.unit, "device": r.device, "reason": r.reason} for r in self.refused],
+            "offload": [{"unit": n.unit, "npu": n.npu, "device": n.device, "reason": n.reason.value,
+                         "detail": n.detail} for n in self.offload],
             "device_states": {name: _state_json(st) for name, st in self.device_states.items()},
         }
 
@@ -196,8 +258,15 @@ def build_plan(
     capabilities: Mapping[str, Capabilities] | None = None,
     node_costs: Sequence[NodeCost] | None = None,
     refused: Mapping[tuple[str, str], str] | None = None,
+    boundary: BoundaryCosts | None = None,
 ) -> Plan:
     """Partition ``index`` for ``devices`` and place it with ``policy``.
+
+    :param boundary: what a stage boundary costs (:class:`~hetsched._planning.costs.BoundaryCosts`,
+        default :data:`~hetsched._planning.costs.BOUNDARY`); after a built-in policy (HEFT,
+        PowerThermalWeighted with ``consolidate``) placed the units, groups that do not pay for
+        their boundary move whole to a device around them (:func:`~hetsched._planning.coarsen.coarsen`).
+        A user's policy (and ``Pinned``, ``RandomPolicy``) is taken as it answers.
 
     :param refused: ``{(unit_key, device): reason}``: pairs a backend refused to compile
         although its capabilities claimed the unit's ops; the unit is not offered to that
@@ -212,7 +281,7 @@ def build_plan(
     with _gc_paused():
         return _build_plan(index, devices, policy, max_unit_nodes=max_unit_nodes, device_states=device_states,
                            costs=costs, capabilities=capabilities, node_costs=node_costs,
-                           refused=refused or {})
+                           refused=refused or {}, boundary=boundary or BOUNDARY)
 
 
 def _build_plan(
@@ -226,6 +295,7 @@ def _build_plan(
     capabilities: Mapping[str, Capabilities] | None,
     node_costs: Sequence[NodeCost] | None,
     refused: Mapping[tuple[str, str], str],
+    boundary: BoundaryCosts,
 ) -> Plan:
     pol = get_policy(policy)
     names = [d.name for d in devices]
@@ -269,6 +339,8 @@ def _build_plan(
     cost: dict[tuple[int, str], float] = {}
     energy: dict[tuple[int, str], float] = {}
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
+    # Per device, its rates now (a twin device's clocks are read once per plan, not per unit).
+    rates = {d.name: (*device_rates(d)[:2], unit_overhead(d, boundary)) for d in devices}
     for u in drafts:
         cands = cands_of.get(u.mask)
         if cands is None:
@@ -280,7 +352,8 @@ def _build_plan(
             cands = _drop_refused(index, u.id, u.nodes, key, cands, refused, refusals)
         for dname in cands:
             dev = by_name[dname]
-            est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
+            fps, bps, over = rates[dname]
+            est = max(flops / fps, nbytes / bps) + over
             measured = costs.get(key, dname) if costs is not None else None
             if measured is not None:
                 cost[(u.id, dname)] = measured
@@ -313,10 +386,29 @@ def _build_plan(
                 if a.memory_domain == b.memory_domain:
                     spb = sync_seconds_per_byte(a, b)
                 else:
-                    spb = 1.0 / _CROSS_DOMAIN_BPS
-                links[(a.name, b.name)] = Link(_BOUNDARY_LATENCY_S + launch_seconds(b), spb)
+                    spb = 1.0 / boundary.cross_domain_bps
+                links[(a.name, b.name)] = Link(boundary.dispatch_latency_s + boundary.launch(b), spb)
     problem = PlacementProblem(tuple(units), states, cost, edges, links, energy)
+    builtin: HEFT | PowerThermalWeighted | None = pol if isinstance(pol, (HEFT, PowerThermalWeighted)) else None
+    fold = builtin is not None and builtin.consolidate and boundary.fold_sweeps > 0
+    if builtin is not None and fold:
+        # The stage fold below replaces the policy's own consolidation (a schedule re-run per
+        # candidate move: quadratic on long graphs) with one linear in units per sweep.
+        builtin = copy.copy(builtin)
+        builtin.consolidate = False
+        pol = builtin
     placement = validate_placement(problem, _place(pol, problem), policy_name(pol))
+    left: dict[int, str] = {}
+    if fold:
+        weight = None
+        if isinstance(builtin, PowerThermalWeighted):
+            ptw = builtin
+            weight = {name: 1.0 / max(ptw.score(ds.utilisation, ds.temp_headroom, ds.power_headroom),
+                                      ptw.min_score) ** ptw.sharpness for name, ds in states.items()}
+        folded, left = coarsen(problem, placement.assignment, {d.name: boundary.launch(d) for d in devices},
+                               weight=weight, max_sweeps=boundary.fold_sweeps)
+        if left:
+            placement = Placement(folded, placement.policy, placement.scores)
     stages = merge_stages(
         index,
         drafts,
@@ -324,6 +416,14 @@ def _build_plan(
         [list(p) for p in unit_preds],
         [list(s) for s in unit_succs],
     )
+    modelled: list[float | None] = []
+    for spec in stages:
+        measured_any = costs is not None and any(costs.get(unit_key(index, drafts[u].nodes), spec.device) is not None
+                                                 for u in spec.units)
+        if "profile_domain" in by_name[spec.device].options and not measured_any:
+            modelled.append(costs.factor(spec.device) if costs is not None else 1.0)
+        else:
+            modelled.append(None)
     return Plan(
         stages=tuple(stages),
         units=tuple(units),
@@ -335,8 +435,61 @@ def _build_plan(
         refused=tuple(refusals),
         unit_nodes=tuple(u.nodes for u in drafts),
         stage_flops=tuple(sum(node_costs[n].flops for n in st.nodes) for st in stages),
+        stage_bytes=tuple(sum(node_costs[n].bytes for n in st.nodes) for st in stages),
+        stage_modelled=tuple(modelled),
         device_states=states,
+        offload=_offload_notes(index, devices, caps, units, drafts, placement.assignment, refusals, left, cost),
     )
+
+
+def _offload_notes(index: GraphIndex, devices: Sequence[Device], caps: Mapping[str, Capabilities],
+                   units: Sequence[Unit], drafts: Sequence[UnitDraft], assignment: Mapping[int, str],
+                   refusals: Sequence[Refusal], left: Mapping[int, str], cost: Mapping[tuple[int, str], float],
+                   ) -> tuple[OffloadNote, ...]:
+    """Why each unit not on an NPU is not there (empty when the plan has no NPU)."""
+    npus = [d.name for d in devices if d.kind == "npu"]
+    if not npus:
+        return ()
+    npu = npus[0]
+    refused_by = {(r.unit, r.device): r.reason for r in refusals}
+    cap = caps[npu]
+    const = constant_nodes(index)
+    out: list[OffloadNote] = []
+    for u in units:
+        dev = assignment[u.id]
+        if dev in npus or all(const[n] for n in drafts[u.id].nodes):
+            continue  # constants are recomputed in each stage reading them: no stage of their own
+        if (u.id, npu) in refused_by:
+            out.append(OffloadNote(u.id, npu, dev, OffloadReason.REFUSED, refused_by[(u.id, npu)]))
+        elif npu not in u.candidates:
+            flow = sorted(set(u.op_types) & _CONTROL_FLOW)
+            if flow:
+                out.append(OffloadNote(u.id, npu, dev, OffloadReason.CONTROL_FLOW,
+                                       f"control flow ({', '.join(flow)}) runs on the CPU"))
+            else:
+                ops = _unsupported_ops(index, drafts[u.id].nodes, cap)
+                out.append(OffloadNote(u.id, npu, dev, OffloadReason.UNSUPPORTED_OP,
+                                       f"{npu} does not run {', '.join(ops) or 'its ops'}"))
+        elif left.get(u.id) == npu:
+            out.append(OffloadNote(u.id, npu, dev, OffloadReason.TOO_SMALL,
+                                   f"a stage of it on {npu} would not pay for its boundary (launch, hand-offs)"))
+        else:
+            out.append(OffloadNote(u.id, npu, dev, OffloadReason.SLOWER,
+                                   f"estimated {cost[(u.id, dev)] * 1e3:.3g} ms on {dev} against "
+                                   f"{cost[(u.id, npu)] * 1e3:.3g} ms on {npu}"))
+    return tuple(out)
+
+
+def _unsupported_ops(index: GraphIndex, nodes: Sequence[int], cap: Capabilities) -> list[str]:
+    """Op types (with the input types where those decide) among ``nodes`` that ``cap`` does not run."""
+    out: dict[str, None] = {}
+    for nid in nodes:
+        ref = index.nodes[nid]
+        opset = index.opsets.get(ref.domain, index.opsets.get("", 1))
+        dts = tuple(input_dtypes(index, ref.inputs[:4]))
+        if not cap.supports(ref.op_type, ref.domain, opset, dts):
+            out[f"{ref.domain + '::' if ref.domain else ''}{ref.op_type}"] = None
+    return sorted(out)
 
 
 def _place(policy: PlacementPolicy, problem: PlacementProblem) -> object:

@@ -1,0 +1,155 @@
+"""Few, big stages: after placement, a group of units must pay for its stage boundary.
+
+A placement policy decides unit by unit; a group of units left on one device between units of
+another (a 1-node Conv on a DLA core, a Div on a CPU cluster between two DLA runs, leading
+Slice nodes spread over three devices) becomes a stage of its own, and every such stage costs
+a launch on its device, a dispatch, and its tensors' hand-offs on each side. :func:`coarsen`
+takes each connected group of units on one device (smallest first) and moves it whole to the
+device that can run all of it and makes the chain of stage calls cheapest: the group's
+compute there plus the boundaries it then has (one launch of the receiving device per device
+handing data over, a dispatch each, the bytes over the link), against the same where it is.
+Sweeps repeat until nothing moves (at most ``BoundaryCosts.fold_sweeps``). Each sweep is
+linear in units and edges, times the devices a group can move to.
+
+The objective is the serial time of one request (stage calls and hand-offs, as a pipelined
+session pays them per request); it gives up the parallelism of branches split over devices,
+which the policy's list schedule counted on, only when the boundaries cost more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hetsched.policies import PlacementProblem
+
+__all__ = ["coarsen"]
+
+_REL_EPS = 1e-9
+
+
+def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[list[int]]:
+    """Connected groups of units on one device, cheapest first (ties: by first unit)."""
+    units = problem.units
+    parent = {u.id: u.id for u in units}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u in units:
+        here = assignment[u.id]
+        for s in u.succs:
+            if assignment[s] == here:
+                a, b = find(u.id), find(s)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for u in units:
+        groups.setdefault(find(u.id), []).append(u.id)
+    cost = problem.cost
+    return sorted(groups.values(), key=lambda g: (sum(cost[(uid, assignment[uid])] for uid in g), g[0]))
+
+
+def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Mapping[str, float],
+            *, weight: Mapping[str, float] | None = None, max_sweeps: int = 8,
+            ) -> tuple[dict[int, str], dict[int, str]]:
+    """``assignment`` with every group that does not pay for its boundary moved, and per moved
+    unit the device it left (``{unit: device}``).
+
+    :param launch: per device name, the fixed seconds of one stage call there
+        (``BoundaryCosts.launch``); ``problem.links`` give the per-byte price of each device pair
+        and their latency (which includes that launch: it is taken out and counted once per
+        device handing data over, not once per tensor).
+    :param weight: per device, the factor the policy weighs compute time there by (a hot or
+        busy device's ``1 / score`` for PowerThermalWeighted; default 1): a group never moves
+        onto a device the policy avoided for its state unless it is worth it there too.
+    """
+    out = dict(assignment)
+    left: dict[int, str] = {}
+    if len(problem.devices) < 2 or not problem.units or max_sweeps <= 0:
+        return out, left
+    units = {u.id: u for u in problem.units}
+    cost = problem.cost
+    edges = problem.edges
+    links = problem.links
+    # Per ordered device pair: (dispatch latency without the receiver's launch, seconds per byte).
+    price: dict[tuple[str, str], tuple[float, float]] = {}
+    for (a, b), link in links.items():
+        price[(a, b)] = (max(0.0, link.latency_s - launch.get(b, 0.0)), link.seconds_per_byte)
+
+    def boundary(members: set[int], ext_in: Sequence[tuple[int, int]], ext_out: Sequence[tuple[int, int]],
+                 dev: str) -> float:
+        total = 0.0
+        senders: set[str] = set()
+        receivers: set[str] = set()
+        for p, u in ext_in:
+            src = out[p]
+            if src == dev:
+                continue
+            lat_spb = price.get((src, dev))
+            if lat_spb is None:
+                continue
+            if src not in senders:
+                senders.add(src)
+                total += lat_spb[0] + launch.get(dev, 0.0)
+            total += edges.get((p, u), 0.0) * lat_spb[1]
+        for u, s in ext_out:
+            dst = out[s]
+            if dst == dev:
+                continue
+            lat_spb = price.get((dev, dst))
+            if lat_spb is None:
+                continue
+            if dst not in receivers:
+                receivers.add(dst)
+                total += lat_spb[0] + launch.get(dst, 0.0)
+            total += edges.get((u, s), 0.0) * lat_spb[1]
+        return total
+
+    dirty: set[int] | None = None  # units whose group's surroundings changed (None: all, first sweep)
+    for _ in range(max_sweeps):
+        moved: set[int] = set()
+        for group in _groups(problem, out):
+            if dirty is not None and dirty.isdisjoint(group):
+                continue  # nothing in or around it changed since it was last found to pay
+            here = out[group[0]]
+            targets: set[str] | None = None
+            for uid in group:
+                cands = units[uid].candidates
+                if len(cands) == 1:
+                    targets = None
+                    break
+                c = set(cands)
+                targets = c if targets is None else targets & c
+            if not targets or targets == {here}:
+                continue
+            members = set(group)
+            ext_in = [(p, uid) for uid in group for p in units[uid].preds if p not in members]
+            ext_out = [(uid, s) for uid in group for s in units[uid].succs if s not in members]
+            w = 1.0 if weight is None else weight.get(here, 1.0)
+            current = w * sum(cost[(uid, here)] for uid in group) + boundary(members, ext_in, ext_out, here)
+            best_dev, best = here, current * (1 - _REL_EPS)
+            for dev in sorted(targets):
+                if dev == here:
+                    continue
+                total = (1.0 if weight is None else weight.get(dev, 1.0)) * sum(cost[(uid, dev)] for uid in group)
+                if total >= best:
+                    continue
+                total += boundary(members, ext_in, ext_out, dev)
+                if total < best:
+                    best_dev, best = dev, total
+            if best_dev != here:
+                for uid in group:
+                    out[uid] = best_dev
+                    left.setdefault(uid, here)
+                moved.update(group)
+                moved.update(p for p, _ in ext_in)
+                moved.update(s for _, s in ext_out)
+        if not moved:
+            break
+        dirty = moved
+    for uid in [u for u, d in left.items() if out[u] == d]:
+        del left[uid]  # moved away and back
+    return out, left
