@@ -10,7 +10,8 @@
 * the monitor task: every ``Replanning.period_s`` it samples device states and measured stage
   costs and re-plans when :func:`hetsched._replan.decide_replan` or ``drift_reason`` says so;
 * failover: a device the scheduler quarantined (``hetsched/_runtime/_failover.py``) is left out
-  of the next plan; when no plan can do without it, its parked requests fail.
+  of the next plan; when no plan can do without it, it stays and its parked requests start over
+  on it (those that already did ``quarantine_after`` times fail).
 """
 
 from __future__ import annotations
@@ -306,7 +307,10 @@ class Adapter:
                 await self._replan_locked(f"failure: {reason}", sample=False)
         except HetschedError:
             assert self.failover is not None
-            self._scheduler.fail_parked(self.failover.failed(device))
+            fail, again = self.failover.failed(device)
+            self._scheduler.fail_parked(fail)
+            for req in again:  # the device stays: they start over on it (a new context, maybe)
+                self._scheduler.restart(req, counted=True)
 
     # -- closing drained plans ----------------------------------------------------------------
 

@@ -257,6 +257,7 @@ class Session(SessionBase):
             failover=(self._adapter.failover.statistics()
                       if self._adapter is not None and self._adapter.failover is not None else None),
             allocation_failures=sch.allocation_failures if sch is not None else 0,
+            worker_states_renewed=sch.states_renewed if sch is not None else 0,
         )
 
     @overload

@@ -82,6 +82,9 @@ class SessionStatistics:
     re-placed away included. On a twin, the largest is the pipeline's board time."""
     allocation_failures: int = 0
     """Stage runs whose pool buffers could not be allocated (they ran unbound, still bound after)."""
+    worker_states_renewed: int = 0
+    """Per-worker stage states (a device context: an RKNN toolkit process) found dead and built
+    anew by their worker (see ``hetsched/_runtime/_workers.py``)."""
 
     @property
     def bytes_copied_same_domain(self) -> int:

@@ -177,6 +177,7 @@ async def test_a_killed_toolkit_process_is_replaced_and_the_npu_keeps_serving(
             assert stats.requests_failed == 0 and stats.requests_completed == 13
             assert stats.failover is not None and stats.failover.failures.get("npu:0") == 1, seen.errors
             assert stats.failover.quarantined == () and stats.failover.unreplaceable == ()
+            assert stats.worker_states_renewed == 2
             third = _toolkit_children() - before
             assert len(third) == 1 and not third & (first | second)
     _wait_until(lambda: not _toolkit_children() - before, 10)

@@ -4,17 +4,22 @@ A stage whose backend raises fails on a *device*. What happens to its request::
 
     backend raises in run()           (not a broken contract, not a hook, not cancellation)
       streak[device] += 1             (any successful run on the device resets it)
-      device quarantined already, or streak reaches ``after``:
+      the request started over ``after`` times already: it fails with the backend's
+          StageExecutionError
+      streak reaches ``after`` on a device neither quarantined nor known irreplaceable:
           quarantine it (once): ask the session for a plan without it (``request_replan``)
-          the request waits, parked, for that plan and starts over on it; only a plan that
-          leaves out every quarantined device releases the parked requests (a plan made
-          before the quarantine, by a re-plan already under way, does not: the session
-          re-plans it without the device instead of installing it, and should one slip in
-          anyway, it releases nobody and the quarantine's own re-plan follows)
-      else, if the request was re-submitted fewer than ``after`` times: it starts over now,
-          on the current plan (a transient failure costs one more run, not the request)
-      else (or the device cannot be replaced: a plan without it was impossible): it fails
-          with the backend's StageExecutionError
+      the request starts over, from its feeds, once nothing of it runs any more: while a plan
+          without a quarantined device is coming it waits for it, parked; else it starts over
+          now, on the current plan (a transient failure, such as a killed toolkit process whose
+          worker builds a new one, costs one more run, not the request)
+
+Only a plan that leaves out every quarantined device releases the parked requests (a plan made
+before the quarantine, by a re-plan already under way, does not: the session re-plans it without
+the device instead of installing it, and should one slip in anyway, it releases nobody and the
+quarantine's own re-plan follows). When no plan can do without the device (``failed``), it stays
+in use: its parked requests start over on it, and later failures on it start their requests over
+too, ``after`` times at most each; a device failing for good still fails every request, each
+after ``after`` runs, and nothing waits for a plan that cannot come.
 
 A request starts over from its original feeds once nothing of it runs any more (its other
 stages finish and are dropped); buffers it held go back to the pools first. Requests whose
@@ -87,9 +92,10 @@ class Failover:
         with self._lock:
             self._failures[device] = self._failures.get(device, 0) + 1
             streak = self.streak[device] = self.streak.get(device, 0) + 1
-            if device in self._unreplaceable or req.retries >= self.after:
+            if req.retries >= self.after:
                 return False
-            if (streak >= self.after and device not in self._pending and device not in self._quarantined):
+            if (streak >= self.after and device not in self._pending and device not in self._quarantined
+                    and device not in self._unreplaceable):
                 self._pending.add(device)
                 self._quarantined.append(device)
                 reason = f"device {device!r} failed {streak} stage runs in a row: {error}"
@@ -125,22 +131,29 @@ class Failover:
             self.resubmitted += len(parked)
         return parked
 
-    def failed(self, device: str) -> list[tuple[Any, BaseException]]:
-        """No plan can do without ``device``: keep it, and fail the parked requests (with the
-        error each saw). Later failures on it fail their requests at once."""
+    def failed(self, device: str) -> tuple[list[tuple[Any, BaseException]], list[Any]]:
+        """No plan can do without ``device``: keep it. The parked requests: those to fail (with
+        the error each saw: they started over ``after`` times already) and those to start over
+        on the current plan (which still uses the device; its worker renews a dead context).
+        Later failures on it start their requests over, ``after`` times at most each."""
         with self._lock:
             self._pending.discard(device)
             if device in self._quarantined:
                 self._quarantined.remove(device)
             self._unreplaceable.add(device)
             if self._pending:
-                return []  # another quarantine's plan is still coming: they wait for that one
+                return [], []  # another quarantine's plan is still coming: they wait for that one
             parked, self._parked = self._parked, []
-            out: list[tuple[Any, BaseException]] = []
+            fail: list[tuple[Any, BaseException]] = []
+            again: list[Any] = []
             for req in parked:
                 err = self._errors.pop(id(req), None)
-                out.append((req, err if err is not None else RuntimeError(f"device {device!r} failed")))
-            return out
+                if req.retries >= self.after:
+                    fail.append((req, err if err is not None else RuntimeError(f"device {device!r} failed")))
+                else:
+                    again.append(req)
+            self.resubmitted += len(again)
+            return fail, again
 
     def settled(self, device: str) -> bool:
         """Whether a plan without quarantined ``device`` is in place already (or none is to

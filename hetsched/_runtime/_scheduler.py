@@ -114,6 +114,8 @@ class Scheduler(StageRunner):
         self.failover: Failover | None = None
         """Device failure handling (set by the session; None: a failing stage fails its request)."""
         self.allocation_failures = 0
+        self.states_renewed = 0
+        """Per-worker states dropped as dead and built anew (see ``DeviceWorkers.state_for``)."""
         self._loop_thread = threading.get_ident()
         self.clock: Clock = clock if clock is not None else SystemClock()
         # bound once: with the SystemClock these are time.monotonic / time.perf_counter themselves

@@ -69,6 +69,7 @@ class StageRunner:
     stage_runs_unbound: int
     stage_runs_to_caller: int
     allocation_failures: int
+    states_renewed: int
 
     failover: Failover | None
 
@@ -195,6 +196,11 @@ class StageRunner:
             except BaseException as exc:
                 err = err or exc
         self._complete(req, st, results, err, inputs, energy, device_error)
+
+    def state_renewed(self) -> None:
+        """A worker dropped a dead per-worker state (worker thread)."""
+        with self._lock:
+            self.states_renewed += 1
 
     def _learn_from(self, st: StageRuntime, samples: list[float]) -> None:
         st.learned += len(samples)

@@ -45,6 +45,10 @@ class WorkerHost(Protocol):
 
     def flush_deferred(self) -> None: ...
 
+    def state_renewed(self) -> None:
+        """A worker dropped a dead per-worker state (counted in the session's statistics)."""
+        ...
+
 
 
 
@@ -100,8 +104,6 @@ class DeviceWorkers:
             for info in self.infos
         ]
         self.runs = 0
-        self.renewed = 0
-        """Per-worker states dropped as dead and built anew on next use."""
 
     @property
     def concurrency(self) -> int:
@@ -175,7 +177,7 @@ class DeviceWorkers:
             state = states.pop(st, _NO_STATE)
         if state is not _NO_STATE:
             close_states([(st, state)])
-            self.renewed += 1
+            self._scheduler.state_renewed()
 
     def take_states(self, stages: Sequence[StageRuntime]) -> list[tuple[StageRuntime, object]]:
         """Remove and return every thread's states of ``stages`` (any thread), for the owner to
