@@ -52,7 +52,8 @@ __all__ = [
 
 log = logging.getLogger("hetsched.backends")
 
-INSTALL_HINT = "pip install 'hetsched[tensorrt]' (it installs cuda-python; or pip install cuda-python)"
+INSTALL_HINT = ("pip install 'hetsched[jetson-cuda12]' (cuda-python 12.x, for JetPack 6's CUDA 12; "
+                "'hetsched[jetson-cuda13]' for CUDA 13): cuda-python must match the board's CUDA major version")
 
 # CUDA Runtime API, enum cudaError: after these the CUDA context is unusable ("the process must be
 # terminated and relaunched") or there is no device to use; any other error is about one call.

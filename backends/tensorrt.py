@@ -6,9 +6,11 @@ what is tested here is everything that needs no GPU (version and precision rules
 parser's support answer, cache keys, the order of the documented calls against a recording
 stand-in, error messages).
 
-Needs the ``tensorrt`` Python bindings (10.x or 11.x) and cuda-python: ``pip install
-'hetsched[tensorrt]'``; on Jetson TensorRT comes with JetPack (install JetPack's
-``python3-libnvinfer``, not the PyPI wheel). Both import lazily, at the first compile.
+Needs the ``tensorrt`` Python bindings (10.x or 11.x) and cuda-python: on Jetson TensorRT comes
+with JetPack (its ``python3-libnvinfer`` package in the system Python; a venv sees it with
+``--system-site-packages``), never from PyPI (a source-only stub there), and cuda-python of the
+board's CUDA major version, ``pip install 'hetsched[jetson-cuda12]'`` on JetPack 6. Both import
+lazily, at the first compile.
 
 ``compile``: the parser's ``supports_model_v2`` says which nodes TensorRT takes; a stage with any
 it does not take raises :class:`~hetsched.CompileError` naming them and why (the planner then
@@ -79,8 +81,9 @@ __all__ = [
     "tensorrt_unavailable_reason",
 ]
 
-INSTALL_HINT = ("pip install 'hetsched[tensorrt]' (tensorrt and cuda-python); on Jetson TensorRT comes with "
-                "JetPack (its python3-libnvinfer package), not from PyPI")
+INSTALL_HINT = ("on Jetson TensorRT comes with JetPack (apt install python3-libnvinfer; a venv needs "
+                "--system-site-packages), not from PyPI; cuda-python must match the board's CUDA major: "
+                "pip install 'hetsched[jetson-cuda12]' on JetPack 6 (CUDA 12), 'hetsched[jetson-cuda13]' on CUDA 13")
 
 
 def load_tensorrt() -> tuple[Any, Any]:

@@ -154,9 +154,9 @@ def cudart(monkeypatch: pytest.MonkeyPatch) -> Iterator[_RecordingCudart]:
 def test_missing_cuda_python_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     for mod in ("cuda", "cuda.bindings", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, mod, None)
-    with pytest.raises(BackendUnavailableError, match=r"cuda-python.*pip install 'hetsched\[tensorrt\]'"):
+    with pytest.raises(BackendUnavailableError, match=r"cuda-python.*pip install 'hetsched\[jetson-cuda12\]'"):
         load_cudart()
-    with pytest.raises(PlatformError, match=r"'cuda' is CUDA device memory.*hetsched\[tensorrt\]"):
+    with pytest.raises(PlatformError, match=r"'cuda' is CUDA device memory.*hetsched\[jetson-cuda12\]"):
         BufferPool(MemoryDomain.cuda(), root=tmp_path)
 
 

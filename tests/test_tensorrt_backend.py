@@ -66,11 +66,12 @@ def test_missing_tensorrt_names_the_extra_and_jetpack(monkeypatch: pytest.Monkey
     with pytest.raises(BackendUnavailableError) as err:
         load_tensorrt()
     msg = str(err.value)
-    assert "'tensorrt'" in msg and "pip install 'hetsched[tensorrt]'" in msg and "JetPack" in msg
+    assert "'tensorrt'" in msg and "python3-libnvinfer" in msg and "JetPack" in msg
+    assert "pip install 'hetsched[jetson-cuda12]'" in msg and "hetsched[tensorrt]" not in msg
     assert tensorrt_unavailable_reason() == msg
     backend = get_backend("tensorrt")  # found by name; constructing it imports no SDK
     assert isinstance(backend, TensorRtBackend) and backend.name == "tensorrt" and backend.slow_compile
-    with pytest.raises(BackendUnavailableError, match=r"hetsched\[tensorrt\]"):
+    with pytest.raises(BackendUnavailableError, match=r"hetsched\[jetson-cuda12\]"):
         backend.compile(_model(), Device("gpu:0", kind="gpu", backend="tensorrt"), name="s0")
 
 
@@ -78,7 +79,7 @@ def test_missing_cuda_python_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
     for mod in ("cuda", "cuda.bindings", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, mod, None)
-    with pytest.raises(BackendUnavailableError, match=r"cuda-python.*hetsched\[tensorrt\]"):
+    with pytest.raises(BackendUnavailableError, match=r"cuda-python.*hetsched\[jetson-cuda12\]"):
         load_tensorrt()
 
 

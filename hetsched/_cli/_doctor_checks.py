@@ -496,7 +496,8 @@ def check_sdks(soc: str | None, sdk: SdkState, *, simulated: bool) -> list[Findi
             out.append(_ok("sdk", "tensorrt", f"TensorRT {_NEVER_RUN} (its GPU and DLA devices are opt-in)"))
         else:
             out.append(Finding("sdk", status, "tensorrt", "TensorRT's Python bindings are not importable" + twin_note,
-                               "" if simulated else "install JetPack's python3-libnvinfer (or pip install 'hetsched[tensorrt]')"))
+                               "" if simulated else "install JetPack's python3-libnvinfer (a venv needs --system-site-packages) and "
+                               "pip install 'hetsched[jetson-cuda12]' (cuda-python of the board's CUDA major)"))
         gpu = [p for p in sdk.providers if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")]
         if gpu:
             out.append(_ok("sdk", "onnxruntime-gpu", f"GPU providers: {', '.join(gpu)}"))
