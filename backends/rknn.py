@@ -176,6 +176,8 @@ class RknnStage:
         self.model_sha256 = model_sha256
         self.accuracy: StageAccuracy | None = None
         self._prebuilt: Prebuilt[_Context] | None = None
+        self.proven = False
+        """Whether the stage passed its compile-time probe run (``backends._probe``)."""
 
     def prebuild(self, workers: int) -> None:
         """Start building the contexts of workers ``1 .. workers - 1`` in background threads, so
@@ -186,7 +188,8 @@ class RknnStage:
     def _error(self, exc: BaseException) -> StageExecutionError:
         # a worker process that died is the device failing (failover re-places the stage);
         # anything else the toolkit said is about this run
-        dead = isinstance(exc, ToolkitWorkerError) and "failed to run" not in str(exc)
+        # a stage that passed its probe run and now fails in the toolkit is the device failing too
+        dead = isinstance(exc, ToolkitWorkerError) and ("failed to run" not in str(exc) or self.proven)
         cls = DeviceFailedError if dead else StageExecutionError
         err = cls(f"stage {self.name!r} failed on device {self.device.name!r}: {exc}",
                   stage=self.name, device=self.device.name)
@@ -468,6 +471,7 @@ class RknnBackend:
                           cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key), precision=precision,
                           model_sha256=hashlib.sha256(data).hexdigest())
         try:
+            self._probe(stage, data, specs, precision, calibration, cache, key, version, target)
             if not device.options.get("trial"):  # a refusal trial is closed at once
                 stage.prebuild(len(self.worker_cpus(device)))
             stored = StageAccuracy.from_json(verdict.accuracy) if verdict is not None and verdict.accuracy else None
@@ -484,6 +488,27 @@ class RknnBackend:
             flops, nbytes = _costs(prepared)
             return _TwinRknnStage(stage, name, device, flops, nbytes)
         return stage
+
+    @staticmethod
+    def _probe(stage: RknnStage, data: bytes, specs: tuple[list[str], list[TensorSpec], list[str], list[TensorSpec]],
+               precision: str, calibration: Any, cache: CompileCache, key: str, version: str, target: str) -> None:
+        """The stage proves itself before it is placed (:func:`backends._probe.probe_stage`): one run
+        on probe inputs (its first calibration sample where it has some) against onnxruntime.
+
+        :raises CompileError: it failed or disagreed; stored in the cache as a refusal.
+        """
+        from ._probe import probe_stage
+
+        names = list(stage.input_names)
+        sample = calibration.tensors(names)[0] if calibration is not None else None
+        try:
+            probe_stage(lambda xs: stage.run(dict(zip(names, xs, strict=True))), data, names, specs[1],
+                        precision=precision, device=stage.device.name, inputs=sample)
+        except CompileError as exc:
+            message = str(exc).removeprefix(f"{stage.device.name}: ")
+            cache.store(key, Verdict(False, message, 0.0, version, target), None)
+            raise
+        stage.proven = True
 
     @staticmethod
     def _dataset(device: Device, cache: CompileCache, calibration: Any,
@@ -510,7 +535,19 @@ class RknnBackend:
 
         lite = _load_lite()  # before anything else: a missing runtime is the first error
         path = board_rknn_path(self._cache(device).directory, data, target=target, precision=precision)
-        return LiteStage(lite, path, name, device, io_specs(prepared), len(self.worker_cpus(device)))
+        specs = io_specs(prepared)
+        stage = LiteStage(lite, path, name, device, specs, len(self.worker_cpus(device)))
+        try:  # the board's stage proves itself too (the manifest's .rknn against onnxruntime)
+            from ._probe import probe_stage
+
+            names = list(stage.input_names)
+            probe_stage(lambda xs: stage.run(dict(zip(names, xs, strict=True))), data, names, specs[1],
+                        precision=precision or str(device.options.get("float_dtype", "float16")),
+                        device=device.name)
+        except BaseException:
+            stage.close()
+            raise
+        return stage
 
     def _python(self) -> str:
         from hetsched._rknn.env import find_toolkit_python

@@ -13,10 +13,23 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ._errors import InputError
+from ._errors import FreeDimsError, InputError
 from ._planning.graph import GraphIndex
 
-__all__ = ["FeedChecker", "np_dtype", "random_feeds"]
+__all__ = ["STATIC_SHAPE_BACKENDS", "EXAMPLE_BATCH", "EXAMPLE_IMAGE_SIDE", "EXAMPLE_OTHER_DIM", "FeedChecker", "free_dims", "np_dtype",
+           "random_feeds", "require_fixed_shapes"]
+
+STATIC_SHAPE_BACKENDS = frozenset({"rknn", "tensorrt", "ncnn"})
+"""Backends whose stages need every dim fixed (a converted NPU model, an engine, a ncnn net);
+onnxruntime-based ones (cpu, sim, ort_gpu) run free dims as they come."""
+
+EXAMPLE_BATCH = 1
+"""The size a free leading (batch) dim is given in a :class:`FreeDimsError`'s example ``--shape``."""
+EXAMPLE_IMAGE_SIDE = 640
+"""The height and width suggested for an NCHW image input (1, 3 or 4 channels) whose model's
+metadata names no ``imgsz``."""
+EXAMPLE_OTHER_DIM = 64
+"""Any other free dim's example size."""
 
 _Spec = tuple[np.dtype[Any] | None, tuple[int | None, ...] | None, list[Any]]
 """Per tensor input: (dtype, fixed dims (None = any), shape as displayed in messages)."""
@@ -116,3 +129,66 @@ def random_feeds(index: GraphIndex) -> dict[str, Any]:
         else:
             out[name] = rng.integers(0, 4, dims).astype(dt)
     return out
+
+
+def free_dims(index: GraphIndex) -> dict[str, tuple[str, ...]]:
+    """``{input: (free dim names, ...)}`` for the required tensor inputs with free dims (an
+    unnamed one is ``"dim<k>"``), in input order."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in index.required_inputs:
+        t = index.value_info[name].type
+        if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+            continue
+        free = tuple(d.dim_param or f"dim{k}" for k, d in enumerate(t.tensor_type.shape.dim)
+                     if not (d.HasField("dim_value") and d.dim_value > 0))
+        if free:
+            out[name] = free
+    return out
+
+
+def _image_side(index: GraphIndex) -> tuple[int, int]:
+    """The ``imgsz`` an ultralytics export records in its metadata, else the default side."""
+    for prop in index.model.metadata_props:
+        if prop.key == "imgsz":
+            nums = [int(x) for x in prop.value.strip("[]() ").replace(",", " ").split() if x.isdigit()]
+            if len(nums) == 2:
+                return nums[0], nums[1]
+            if len(nums) == 1:
+                return nums[0], nums[0]
+    return EXAMPLE_IMAGE_SIDE, EXAMPLE_IMAGE_SIDE
+
+
+def _example_shape(index: GraphIndex, name: str) -> tuple[int, ...]:
+    dims = index.value_info[name].type.tensor_type.shape.dim
+    fixed = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
+    image = len(fixed) == 4 and fixed[1] in (1, 3, 4)
+    side = _image_side(index) if image else (EXAMPLE_OTHER_DIM, EXAMPLE_OTHER_DIM)
+    out = []
+    for k, v in enumerate(fixed):
+        if v is not None:
+            out.append(v)
+        elif k == 0:
+            out.append(EXAMPLE_BATCH)
+        elif image and k in (2, 3):
+            out.append(side[k - 2])
+        else:
+            out.append(EXAMPLE_OTHER_DIM)
+    return tuple(out)
+
+
+def require_fixed_shapes(index: GraphIndex, why: str) -> None:
+    """Raise :class:`FreeDimsError` when a required input of ``index`` (shapes already applied)
+    still has free dims: one message naming every such input, its free dims, and the exact
+    ``--shape`` / ``shapes=`` to pass (example sizes, said to be examples). ``why`` says what
+    needs fixed shapes (``"the NPU stages"``, ``"hetsched run"``).
+    """
+    free = free_dims(index)
+    if not free:
+        return
+    example = {name: _example_shape(index, name) for name in free}
+    parts = [f"input {name!r} has free dims {', '.join(dims)}" for name, dims in free.items()]
+    flags = " ".join(f"--shape {name}={','.join(map(str, shp))}" for name, shp in example.items())
+    kwarg = ", ".join(f"{name!r}: {shp}" for name, shp in example.items())
+    raise FreeDimsError(
+        f"{'; '.join(parts)}: pass {flags} (Session: shapes={{{kwarg}}}; example sizes, give those you will "
+        f"feed): {why} need fixed shapes", inputs=free, suggestion=example)

@@ -23,7 +23,7 @@ from ._compat import add_note
 from ._errors import CompileError, TransferError
 from ._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
 from ._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
-from ._planning.fold import fold_shape_arithmetic
+from ._planning.fold import fold_shape_arithmetic, shape_boundaries
 from ._planning.graph import GraphIndex
 from ._planning.model import ModelSource, load_model, with_input_shapes
 from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
@@ -43,6 +43,7 @@ __all__ = [
     "make_topology",
     "output_sources",
     "plan_and_compile",
+    "shape_refusals",
 ]
 
 Refusals = MutableMapping[tuple[str, str], str]
@@ -272,6 +273,10 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
     """
     while True:
         plan = build(refusals)
+        crossing = {k: v for k, v in shape_refusals(index, plan).items() if k not in refusals}
+        if crossing:  # no accelerator stage hands on shape arithmetic: its unit goes elsewhere
+            refusals.update(crossing)
+            continue
         stages, failures = _try_compile(index, plan, shapes, calibration, events)
         if not failures:
             return _with_accuracy(plan, stages), stages
@@ -282,6 +287,28 @@ def plan_and_compile(index: GraphIndex, build: Callable[[Mapping[tuple[str, str]
             _raise_collected(fatal)
         refusals.update(_find_refusals(index, plan, [(s, str(e)) for s, e in failures], shapes, calibration,
                                        events))
+
+
+def shape_refusals(index: GraphIndex, plan: Plan) -> dict[tuple[str, str], str]:
+    """The (unit key, device) pairs of accelerator stages (device kind other than ``"cpu"``)
+    whose outputs include shape arithmetic (:func:`hetsched._planning.fold.shape_boundaries`: a
+    0-d tensor, an integer tensor computed from a shape) for another stage: the unit producing
+    it is refused there. On an index folded at fixed shapes there is none; the check keeps the
+    invariant where folding could not (a free dim, an op onnx's reference lacks).
+    """
+    kinds = {d.name: d.kind for d in plan.devices}
+    accel = [s for s in plan.stages if kinds.get(s.device, "cpu") != "cpu"]
+    found: dict[tuple[str, str], str] = {}
+    if not accel:
+        return found
+    for b in shape_boundaries(index, accel, plan.graph_outputs):
+        spec = next(s for s in accel if s.name == b.stage)
+        nid = index.producer[b.value]
+        for u in spec.units:
+            if nid in plan.unit_nodes[u]:
+                found[(unit_key(index, plan.unit_nodes[u]), spec.device)] = (
+                    f"its output {b.value!r} is {b.reason}, which a stage on {spec.device} must not hand on")
+    return found
 
 
 def _find_refusals(index: GraphIndex, plan: Plan, failed: Sequence[tuple[StageSpec, str]],

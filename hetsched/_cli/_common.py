@@ -73,6 +73,22 @@ def parse_shapes(items: Sequence[str], prog: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def require_shapes(model: str | os.PathLike[str], shapes: dict[str, tuple[int, ...]], prog: str) -> None:
+    """Before anything runs: the CLI makes up inputs and estimates at the shapes it feeds, so a
+    model input with free dims that ``--shape`` leaves free is an error naming each such input
+    and the ``--shape`` to pass (:class:`~hetsched.FreeDimsError`, printed as one line).
+
+    :raises FreeDimsError: free dims remain.
+    :raises InputError: a ``--shape`` names no input or contradicts the model.
+    """
+    from hetsched._feeds import require_fixed_shapes
+    from hetsched._planning.graph import GraphIndex
+    from hetsched._planning.model import load_model, with_input_shapes
+
+    loaded = load_model(model, check=False, infer_shapes=not shapes)
+    require_fixed_shapes(GraphIndex(with_input_shapes(loaded, shapes) if shapes else loaded), prog)
+
+
 def board_devices(root: str) -> list[Any]:
     """Simulated devices of the board whose tree is under ``root`` (SoC from the tree itself).
 

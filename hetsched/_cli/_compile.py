@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from ._common import add_shape_arg, parse_shapes, resolve_model_arg
+from ._common import add_shape_arg, parse_shapes, require_shapes, resolve_model_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
 
     shapes = parse_shapes(args.shape, "hetsched compile")
     model_path = resolve_model_arg(args.model)
+    require_shapes(resolve_model_arg(args.model), shapes, "hetsched compile's inputs")
     calibration = calibration_arg(args, model_path, "hetsched compile")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         cpus = [d for d in board_devices(root) if d.kind == "cpu"]
         options: dict[str, Any] = {**npu.options, "cache_dir": str(out), "target": args.target}
         devices = [*cpus, dataclasses.replace(npu, options=options)]
-        index, _ = load_index(model_path)
+        index, _ = load_index(model_path, shapes)
         # n for the progress lines: the first plan's NPU stages (a refused unit re-plans, so
         # the count is a guess that the lines correct by never exceeding it)
         first = build_plan(index, devices)

@@ -21,6 +21,7 @@ from ._common import (
     add_shape_arg,
     compile_progress_hooks,
     parse_shapes,
+    require_shapes,
     resolve_model_arg,
     select_devices,
 )
@@ -46,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
     shapes = parse_shapes(args.shape, "hetsched plan")
+    require_shapes(resolve_model_arg(args.model), shapes, "hetsched plan's inputs")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched plan")
     devices = select_devices(args.devices, args.root)
     notes: list[str] = []

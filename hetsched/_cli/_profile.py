@@ -40,6 +40,7 @@ from ._common import (
     compile_progress_hooks,
     parse_shapes,
     random_feeds,
+    require_shapes,
     resolve_model_arg,
     select_devices,
 )
@@ -218,6 +219,7 @@ def main(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise SystemExit("hetsched profile: --repeats must be >= 1")
     shapes = parse_shapes(args.shape, "hetsched profile")
+    require_shapes(resolve_model_arg(args.model), shapes, "hetsched profile's inputs")
     devices = select_devices(args.devices, args.root)
     notes: list[str] = []
     if args.root and not args.devices:

@@ -42,6 +42,7 @@ from ._common import (
     parse_shapes,
     random_feeds,
     reference_outputs,
+    require_shapes,
     resolve_model_arg,
     select_devices,
     stage_rows,
@@ -180,6 +181,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("hetsched run: --requests must be >= 1")
 
     shapes = parse_shapes(args.shape, "hetsched run")
+    require_shapes(resolve_model_arg(args.model), shapes, "hetsched run's inputs")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched run")
     devices = select_devices(args.devices, args.root)
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -158,9 +160,10 @@ class ToolkitProcess:
     def __init__(self, *, name: str, python: str | None = None, log: str | os.PathLike[str] | None = None) -> None:
         self.name = name
         self._python = python
-        self._log = os.fspath(log) if log is not None else None
+        self._log = os.path.abspath(log) if log is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lifeline = -1
+        self._scratch: str | None = None  # the worker's cwd: what the toolkit dumps there goes with it
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._dead: str | None = None
@@ -199,9 +202,12 @@ class ToolkitProcess:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         life_r, life_w = os.pipe()  # both non-inheritable: no other child gets the write end
         argv = [python, "-I", str(_WORKER), str(child.fileno()), str(os.getpid()), self._log or "", str(life_r)]
+        # a private scratch directory as the worker's cwd (the toolkit writes .npy dumps and logs
+        # there, never into the caller's folder), removed with the process in close()
+        self._scratch = tempfile.mkdtemp(prefix="hetsched-rknn-")
         try:
             self._proc = subprocess.Popen(
-                argv, pass_fds=(child.fileno(), life_r), stdin=subprocess.DEVNULL,
+                argv, pass_fds=(child.fileno(), life_r), stdin=subprocess.DEVNULL, cwd=self._scratch,
                 # stderr: a pipe until the worker points fd 2 elsewhere, so that a worker that
                 # dies before that (a broken environment) can be diagnosed from its last lines
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True,
@@ -209,6 +215,8 @@ class ToolkitProcess:
         except OSError as exc:
             parent.close()
             os.close(life_w)
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
             raise ToolkitWorkerError(f"{self.name}: cannot start the toolkit worker {python}: {exc}") from exc
         finally:
             child.close()
@@ -279,6 +287,9 @@ class ToolkitProcess:
                 self._arena.close()
             finally:
                 self._lock.release()
+        scratch, self._scratch = self._scratch, None
+        if scratch is not None and (proc is None or proc.poll() is not None):
+            shutil.rmtree(scratch, ignore_errors=True)  # the worker is reaped: nothing writes there now
 
     def __enter__(self) -> ToolkitProcess:
         self.start()
@@ -308,7 +319,11 @@ class ToolkitProcess:
         :raises ToolkitWorkerError: the worker died or broke the protocol.
         """
         with self._lock:
-            reply = self._call_locked({"cmd": "build", "req": asdict(req)}, f"building {req.onnx_path}")
+            wire = asdict(req)
+            for k in ("onnx_path", "dataset", "export_path"):  # the worker's cwd is its scratch directory
+                if wire[k]:
+                    wire[k] = os.path.abspath(wire[k])
+            reply = self._call_locked({"cmd": "build", "req": wire}, f"building {req.onnx_path}")
         self._builds += 1
         ok = bool(reply.get("ok"))
         if not ok:

@@ -1,0 +1,285 @@
+"""Fold the shape arithmetic that is constant once the input shapes are fixed (issue 24).
+
+Exporters (torch.onnx with dynamic axes, paddle2onnx) compute reshape targets, resize sizes,
+slice bounds and anchor grids from the tensors' runtime shapes: ``Shape -> Gather -> Unsqueeze
+-> Concat -> Reshape``, ``Shape -> Gather -> Cast -> Range``. Once the inputs' shapes are fixed
+(``shapes=`` / ``--shape``, or a static model) every such value is a constant. Left in the
+graph, the chain is partitioned like any other subgraph and its 0-d and int64 tensors cross
+stage boundaries, where an accelerator toolkit (RKNN) drops them and the stage's output count
+no longer matches. :func:`fold_shape_arithmetic` replaces each such node by an initializer
+before the model is indexed, so nothing of it is left to partition.
+
+Why our own folder and not onnxruntime's graph optimizer (``optimized_model_filepath`` at
+``ORT_ENABLE_BASIC``) or onnxslim: both fold, but they also fuse Conv+BatchNorm/Add/Mul, drop
+Identity/Dropout and rename values, so every static model's graph, node indices, unit keys
+and compile-cache keys would change with the onnxruntime (or onnxslim) version, and onnxslim is
+one more dependency. Here only the values that *derive from a runtime shape* are folded
+(seeds: ``Shape``/``Size`` of a tensor whose shape inference gives static dims, then every node
+whose inputs are all such values or constants), each evaluated with onnx's own reference
+implementation (``onnx.reference``), onnx shape inference re-run between rounds (a folded
+``Reshape`` target makes the next shapes static). A model without shape arithmetic comes back
+as the very same object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = [
+    "FOLD",
+    "FoldConfig",
+    "FoldStatistics",
+    "ShapeBoundary",
+    "fold_shape_arithmetic",
+    "shape_boundaries",
+]
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """Limits of the folder."""
+
+    max_elements: int = 1 << 20
+    """A shape-derived value larger than this stays a node (an anchor grid at 1280x1280 has
+    ~70k elements; a value this big is no longer shape arithmetic)."""
+    max_rounds: int = 8
+    """Fold / re-infer rounds (each round's folded reshapes make the next round's shapes static)."""
+
+
+FOLD = FoldConfig()
+
+_SEEDS = frozenset({"Shape", "Size"})
+_NEVER = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+    "Constant", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty", "SplitToSequence",
+})
+
+
+@dataclass(frozen=True)
+class FoldStatistics:
+    folded: int
+    """Nodes replaced by initializers."""
+    removed_constants: int
+    """``Constant`` nodes left without consumers and dropped."""
+    rounds: int
+
+
+def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Every value's shape where inference (with data propagation) gives all dims."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # onnx raises several types; nothing is folded from a graph it cannot infer
+        inferred = model
+    out: dict[str, tuple[int, ...]] = {}
+    g = inferred.graph
+    for vi in (*g.input, *g.value_info, *g.output):
+        t = vi.type
+        if t.WhichOneof("value") != "tensor_type" or not t.tensor_type.HasField("shape"):
+            continue
+        dims = t.tensor_type.shape.dim
+        if all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+            out[vi.name] = tuple(int(d.dim_value) for d in dims)
+    for init in g.initializer:
+        out[init.name] = tuple(init.dims)
+    return out
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def _evaluate(node: onnx.NodeProto, values: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
+    """The node's outputs from onnx's reference implementation, or None where it cannot say."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"in{k}" if v is not None else "" for k, v in enumerate(values)]
+    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for n, v in zip(names, values, strict=True) if v is not None]
+    outs = [f"out{k}" for k in range(len(node.output))]
+    mini = helper.make_node(node.op_type, names, outs, domain=node.domain)
+    mini.attribute.extend(node.attribute)
+    graph = helper.make_graph([mini], "fold", inputs, [helper.make_tensor_value_info(o, 0, None) for o in outs])
+    try:
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        result = ReferenceEvaluator(model).run(None, {n: v for n, v in zip(names, values, strict=True)
+                                                      if v is not None})
+    except Exception:  # an op the reference lacks, or inputs it rejects: the node stays
+        return None
+    return [np.asarray(r) for r in result]
+
+
+def _constant_value(node: onnx.NodeProto, opset: int) -> np.ndarray | None:
+    if node.op_type != "Constant" or node.domain:
+        return None
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+    res = _evaluate(node, [], opset)
+    return res[0] if res else None
+
+
+def _fold_round(model: onnx.ModelProto, cfg: FoldConfig) -> tuple[onnx.ModelProto, int, int] | None:
+    g = model.graph
+    opset = _opset(model)
+    shapes = _static_shapes(model)
+    graph_inputs = {i.name for i in g.input}
+    consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer
+                                     if i.name not in graph_inputs}
+    derived: dict[str, np.ndarray] = {}  # values computed from a runtime shape
+    folded: set[int] = set()
+    graph_outputs = {o.name for o in g.output}
+    for k, node in enumerate(g.node):
+        if node.op_type == "Constant":
+            v = _constant_value(node, opset)
+            if v is not None:
+                consts[node.output[0]] = v
+            continue
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            continue
+        if any(o in graph_outputs for o in node.output):
+            continue  # the model's own outputs stay computed
+        result: list[np.ndarray] | None = None
+        if node.op_type in _SEEDS and node.input and node.input[0] not in consts:
+            shape = shapes.get(node.input[0])
+            if shape is None:
+                continue
+            if node.op_type == "Size":
+                result = [np.array(int(np.prod(shape)), np.int64)]
+            else:
+                attrs = {a.name: a.i for a in node.attribute}
+                start, end = attrs.get("start", 0), attrs.get("end", len(shape))
+                result = [np.array(shape[start:end], np.int64)]  # python slicing clamps like the spec
+        else:
+            ins = [None if n == "" else derived.get(n, consts.get(n)) for n in node.input]
+            if not any(n in derived for n in node.input) or any(
+                    v is None for n, v in zip(node.input, ins, strict=True) if n != ""):
+                continue
+            result = _evaluate(node, ins, opset)
+        if result is None or len(result) != len(node.output) or any(r.size > cfg.max_elements for r in result):
+            continue
+        for name, value in zip(node.output, result, strict=True):
+            if name:
+                derived[name] = value
+        folded.add(k)
+    if not folded:
+        return None
+    used: set[str] = set(graph_outputs)
+    kept = [n for k, n in enumerate(g.node) if k not in folded]
+    for n in kept:
+        used.update(n.input)
+        for a in n.attribute:  # values a subgraph reads from the outer scope
+            for sub in (*([a.g] if a.type == onnx.AttributeProto.GRAPH else []), *a.graphs):
+                used.update(_outer_names(sub))
+    removed = [n for n in kept if n.op_type == "Constant" and not any(o in used for o in n.output)]
+    kept = [n for n in kept if not (n.op_type == "Constant" and not any(o in used for o in n.output))]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    for name, value in derived.items():
+        if name in used:
+            out.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+    stale = {o for k in folded for o in g.node[k].output}
+    stale.update(o for n in removed for o in n.output)
+    keep_vi = [vi for vi in out.graph.value_info if vi.name not in stale]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(keep_vi)
+    return out, len(folded), len(removed)
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for sub in (*([a.g] if a.type == onnx.AttributeProto.GRAPH else []), *a.graphs):
+                names.update(_outer_names(sub))
+    return names
+
+
+def fold_shape_arithmetic(model: onnx.ModelProto, config: FoldConfig = FOLD,
+                          ) -> tuple[onnx.ModelProto, FoldStatistics]:
+    """``model`` with every node that computes from runtime shapes only (given its inputs'
+    static shapes) replaced by an initializer of its value, and the ``Constant`` nodes only
+    those read dropped; ``model`` itself (same object) when there is nothing to fold.
+
+    Shapes of free dims are not constant: their arithmetic stays (onnxruntime runs it).
+    """
+    folded = removed = rounds = 0
+    current = model
+    for _ in range(config.max_rounds):
+        res = _fold_round(current, config)
+        if res is None:
+            break
+        current, f, r = res
+        folded += f
+        removed += r
+        rounds += 1
+    return current, FoldStatistics(folded, removed, rounds)
+
+
+@dataclass(frozen=True)
+class ShapeBoundary:
+    """A stage output that is shape arithmetic: a 0-d tensor or an integer tensor computed from
+    a runtime shape, which no stage should hand to another (issue 24)."""
+
+    stage: str
+    device: str
+    value: str
+    reason: str
+
+
+_INT_TYPES = frozenset({TensorProto_INT for TensorProto_INT in (
+    onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8)})
+
+
+def shape_boundaries(index: Any, stages: Sequence[Any], graph_outputs: Mapping[str, Any] | Sequence[str],
+                     ) -> list[ShapeBoundary]:
+    """The stage outputs (``stages``: :class:`~hetsched._planning.partition.StageSpec`) that are
+    0-d tensors or integer tensors derived from a ``Shape``/``Size`` node, other than the
+    model's own outputs. A plan built on a folded index with static input shapes has none."""
+    producer = index.producer
+    nodes = index.nodes
+    shape_derived: dict[int, bool] = {}
+
+    def derived(nid: int) -> bool:
+        got = shape_derived.get(nid)
+        if got is not None:
+            return got
+        stack = [(nid, False)]
+        while stack:
+            x, done = stack.pop()
+            if x in shape_derived:
+                continue
+            ref = nodes[x]
+            preds = [producer[v] for v in ref.inputs if v in producer]
+            if not done:
+                stack.append((x, True))
+                stack.extend((p, False) for p in preds if p not in shape_derived)
+                continue
+            shape_derived[x] = ref.op_type in _SEEDS or any(shape_derived.get(p, False) for p in preds)
+        return shape_derived[nid]
+
+    outs = set(graph_outputs)
+    found: list[ShapeBoundary] = []
+    for st in stages:
+        for name in st.outputs:
+            if name in outs:
+                continue
+            t = index.value_type(name)
+            if t is None or t.WhichOneof("value") != "tensor_type":
+                continue
+            tt = t.tensor_type
+            if tt.HasField("shape") and len(tt.shape.dim) == 0:
+                found.append(ShapeBoundary(st.name, st.device, name, "a 0-d tensor"))
+            elif tt.elem_type in _INT_TYPES and name in producer and derived(producer[name]):
+                found.append(ShapeBoundary(st.name, st.device, name, "an integer tensor computed from a shape"))
+    return found

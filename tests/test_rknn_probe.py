@@ -1,0 +1,155 @@
+"""A compiled accelerator stage proves itself before it is placed; vendor workers keep their
+litter to themselves; a YOLOv8-style export with dynamic axes runs on the RK3588 twin's NPU (issue 24).
+
+The contract (``backends/_probe.py``) is tested with plain runners; the RKNN path with the real
+rknn-toolkit2 simulator (skipped without its environment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from _yolo_models import yolov8_style
+
+from hetsched import BackendUnavailableError, CompileError, Session, resolve_devices
+from hetsched._planning.fold import shape_boundaries
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.model import load_model, with_input_shapes
+from hetsched._planning.partition import extract_stage
+from hetsched._planning.plan import build_plan
+from hetsched.backends._probe import PROBE, probe_stage
+from hetsched.testing import build_board_tree
+
+from _rknn_models import conv_net
+
+F32 = np.dtype(np.float32)
+SPECS = [(F32, (1, 3, 32, 32))]
+
+
+def _reference(model: onnx.ModelProto):  # type: ignore[no-untyped-def]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lambda xs: sess.run(None, {"x": xs[0]})
+
+
+def test_a_stage_that_agrees_passes_its_probe() -> None:
+    model = conv_net()
+    res = probe_stage(_reference(model), model.SerializeToString(), ["x"], SPECS, precision="float16", device="npu")
+    assert res.outputs == 1 and res.min_cosine > 0.9999
+
+
+@pytest.mark.parametrize(("runner", "words"), [
+    (lambda ref: (lambda xs: [*ref(xs), np.zeros(2, np.int64)]), "returned 2 output(s), onnxruntime 1"),
+    (lambda ref: (lambda xs: [ref(xs)[0].reshape(10, 1)]), "output 0 has shape [10, 1], onnxruntime's [1, 10]"),
+    (lambda ref: (lambda xs: [-ref(xs)[0]]), "below the float16 floor 0.99"),
+])
+def test_a_stage_that_disagrees_is_refused_with_the_reason(runner, words: str) -> None:  # type: ignore[no-untyped-def]
+    model = conv_net()
+    with pytest.raises(CompileError, match="npu: the compiled stage failed its probe run") as exc:
+        probe_stage(runner(_reference(model)), model.SerializeToString(), ["x"], SPECS, precision="float16",
+                    device="npu")
+    assert words in str(exc.value)
+
+
+def test_a_stage_that_fails_to_run_is_refused_with_the_toolkits_words() -> None:
+    def run(xs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("E RKNN: [12:00:00] inference failed: output count mismatch")
+
+    model = conv_net()
+    with pytest.raises(CompileError, match="inference failed: output count mismatch"):
+        probe_stage(run, model.SerializeToString(), ["x"], SPECS, precision="int8", device="npu")
+
+
+def test_the_floors_live_in_one_config() -> None:
+    assert PROBE.floor("float16") >= 0.99 and PROBE.floor("int8") < PROBE.floor("float16")
+
+
+# -- the real toolkit ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def toolkit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    try:
+        from hetsched._rknn.env import find_toolkit_python
+
+        python = find_toolkit_python()
+    except BackendUnavailableError as exc:
+        pytest.skip(f"no rknn-toolkit2 environment: {exc}")
+    monkeypatch.setenv("HETSCHED_RKNN_CACHE", str(tmp_path / "rknn-cache"))
+    return python
+
+
+@pytest.fixture(scope="module")
+def twin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_board_tree(tmp_path_factory.mktemp("rk3588"), "rk3588")
+
+
+def test_the_toolkit_worker_runs_in_a_private_scratch_directory_removed_with_it(
+        toolkit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetsched._rknn.client import ToolkitProcess
+
+    here = tmp_path / "users-folder"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    p = ToolkitProcess(name="npu:scratch", python=toolkit)
+    p.start()
+    try:
+        assert p.pid is not None
+        cwd = Path(os.readlink(f"/proc/{p.pid}/cwd"))
+        assert cwd != here and cwd.is_dir() and cwd.name.startswith("hetsched-rknn-")
+        (cwd / "236.npy").write_bytes(b"what the toolkit dumps")
+    finally:
+        p.close()
+    assert not cwd.exists()
+    assert list(here.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_stage_the_toolkit_cannot_run_is_refused_at_compile_time_and_cached(
+        toolkit: str, twin_root: Path) -> None:
+    # the NPU stage of the unfolded YOLOv8-style plan (what hetsched planned before folding):
+    # it hands 0-d and int64 shape tensors on; the toolkit converts it but cannot run it
+    from hetsched.backends.rknn import RknnBackend
+
+    index = GraphIndex(with_input_shapes(load_model(yolov8_style()), {"images": (1, 3, 64, 64)}))
+    (npu,) = resolve_devices(["npu"], root=twin_root)
+    npu = dataclasses.replace(npu, options={**npu.options, "workers": 1})
+    plan = build_plan(index, [npu, *resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0])])
+    (stage,) = [s for s in plan.stages if s.device == "npu"]
+    assert shape_boundaries(index, [stage], plan.graph_outputs)
+    backend = RknnBackend()
+    with pytest.raises(CompileError, match="npu: the compiled stage failed its probe run") as first:
+        backend.compile(extract_stage(index, stage), npu, name="stage0").close()
+    with pytest.raises(CompileError, match="failed its probe run") as again:
+        backend.compile(extract_stage(index, stage), npu, name="stage0").close()
+    assert "cached" in str(again.value) or str(again.value) == str(first.value)
+    assert backend.statistics().refusals_cached == 1
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_yolov8_style_export_with_dynamic_axes_runs_on_the_npu_in_few_stages(
+        toolkit: str, twin_root: Path, tmp_path: Path, anyio_backend: str) -> None:
+    path = tmp_path / "yolov8-style.onnx"
+    onnx.save(yolov8_style(), str(path))
+    shape = (1, 3, 96, 128)
+    (npu,) = resolve_devices(["npu"], root=twin_root)
+    npu = dataclasses.replace(npu, options={**npu.options, "workers": 1})
+    devices = [npu, *resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0])]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    async with Session(path, devices=devices, root=twin_root, shapes={"images": shape}) as s:
+        assert len(s.plan.stages) <= 3, s.plan.table()
+        assert [st.device for st in s.plan.stages][0] == "npu", s.plan.table()
+        for seed in range(2):
+            x = np.random.default_rng(seed).uniform(0.0, 1.0, shape).astype(np.float32)
+            (got,) = (await s.run({"images": x})).values()
+            (want,) = ref.run(None, {"images": x})
+            got = np.asarray(got)
+            assert got.shape == want.shape == (1, 8, 12 * 16 + 6 * 8 + 3 * 4)
+            cos = float(got.ravel() @ want.ravel() / (np.linalg.norm(got) * np.linalg.norm(want)))
+            assert cos >= 0.999
