@@ -93,6 +93,8 @@ class HetschedBackend(_OnnxBackend):
         graph = onnx.helper.make_graph([node], "run_node", graph_inputs, graph_outputs)
         opset = kwargs.pop("opset_version", onnx.defs.onnx_opset_version())
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+        # The lowest IR version the opset needs, not onnx's newest: an older onnxruntime refuses a newer IR.
+        model.ir_version = max(4, onnx.helper.find_min_ir_version_for(list(model.opset_import), True))
         return cls.run_model(model, arrays, device, **kwargs)
 
 

@@ -8,7 +8,27 @@ loop module itself) use pytest-asyncio's ``@pytest.mark.asyncio`` instead.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+import onnx.helper
 import pytest
+
+# Models the tests build carry the lowest IR version their opsets need (onnx.helper.make_model
+# otherwise stamps onnx's newest, 14 with onnx 1.23, which onnxruntime 1.23, the newest for
+# Python 3.10, refuses: "max supported IR version: 11"). A test that sets ir_version keeps its own.
+_make_model = onnx.helper.make_model
+
+
+@functools.wraps(_make_model)
+def _portable_make_model(graph: onnx.GraphProto, **kwargs: Any) -> onnx.ModelProto:
+    model = _make_model(graph, **kwargs)
+    if "ir_version" not in kwargs:
+        model.ir_version = max(4, onnx.helper.find_min_ir_version_for(list(model.opset_import), True))
+    return model
+
+
+onnx.helper.make_model = _portable_make_model
 
 
 @pytest.fixture(params=["asyncio", "trio"])
