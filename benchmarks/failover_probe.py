@@ -6,7 +6,8 @@ failed although failover promises to start it over: a device that failed while a
 replace it, or a worker context that died while a new one could be built; target 0),
 ``lost`` (a request submitted that neither returned nor raised, a stream item missing; target
 0), ``wrong`` (a result that differs from the model's; target 0), ``failures`` (stage runs the
-failover counted), ``replans``.
+failover counted), ``quarantines`` (devices quarantined or found irreplaceable),
+``states_renewed`` (dead per-worker contexts rebuilt), ``replans``.
 
 **replan_race** (fake backends): a chain on a preferred device ``a`` and a fallback ``b``; each
 round opens a session, starts a re-plan whose policy takes ``--slow-ms`` to answer, and makes
@@ -23,10 +24,10 @@ while idle, ``--kills`` times per loop.
 rknn``): the real toolkit worker processes of an NPU on an rk3588 twin root (the toolkit's
 simulator computes; no board), no fallback device; a thread SIGKILLs a random toolkit process
 every ``--toolkit-kill-every-s`` seconds while the requests run. Kills faster than a process
-restarts (0.3 s on a 2-core host) make runs fail ``Replanning.quarantine_after`` times in a row:
-the device is quarantined, no plan can do without it, and from then on failover fails a
-request whose run fails instead of starting it over (as documented in ``_failover``); those
-count as ``failed_promised_retry`` here too.
+restarts make runs fail ``Replanning.quarantine_after`` times in a row: the device is
+quarantined, no plan can do without it, so it stays and its requests start over on it (a
+request whose every try met a dying process, ``quarantine_after`` + 1 runs, fails: counted as
+``failed_promised_retry`` here all the same).
 
     .venv/bin/python benchmarks/failover_probe.py                  # 10k requests per loop: seconds
     .venv/bin/python benchmarks/failover_probe.py --long           # 50k requests per loop
@@ -90,7 +91,7 @@ def _chain_expected(x: np.ndarray) -> np.ndarray:
 class Tally:
     def __init__(self) -> None:
         self.requests = self.completed = self.failed_promised_retry = self.lost = self.wrong = 0
-        self.failures = self.replans = self.rounds = self.quarantines = 0
+        self.failures = self.replans = self.rounds = self.quarantines = self.states_renewed = 0
         self.errors: dict[str, int] = {}
 
     def fail(self, exc: BaseException) -> None:
@@ -104,10 +105,12 @@ class Tally:
             self.failures += sum(st.failover.failures.values())
             self.quarantines += len(st.failover.quarantined) + len(st.failover.unreplaceable)
         self.replans += st.replanning.replans
+        self.states_renewed += st.worker_states_renewed
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("requests", "completed", "failed_promised_retry", "lost", "wrong",
-                                             "failures", "quarantines", "replans", "rounds")}
+                                             "failures", "quarantines", "states_renewed", "replans",
+                                             "rounds")}
         if self.errors:
             out["errors"] = dict(sorted(self.errors.items(), key=lambda kv: -kv[1])[:5])
         return out
