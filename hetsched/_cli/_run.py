@@ -57,6 +57,8 @@ from ._run_governed import (
     sampled,
 )
 
+WARMUP_REQUESTS = 3
+"""``hetsched run --warmup``'s default: requests run before the measured ones (issue 24)."""
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run requests through a model (random inputs)")
@@ -64,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_devices_args(p)
     p.add_argument("--requests", type=int, default=20, metavar="N", help="number of requests (default 20)")
     p.add_argument("--concurrency", type=int, default=1, metavar="K", help="requests in flight at once")
+    p.add_argument("--warmup", type=int, default=WARMUP_REQUESTS, metavar="N",
+                   help=f"requests run first and left out of the latency figures (toolkit contexts starting, "
+                        f"caches filling; default {WARMUP_REQUESTS}, like trtexec's --warmUp)")
     p.add_argument("--stream", action="store_true",
                    help="feed the requests as one stream (Session.map: workers admit the next request, results "
                         "come in batches): throughput only, no per-request latency")
@@ -179,6 +184,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.requests < 1:
         raise SystemExit("hetsched run: --requests must be >= 1")
+    if args.warmup < 0:
+        raise SystemExit(f"hetsched run: --warmup {args.warmup}: must be >= 0")
 
     shapes = parse_shapes(args.shape, "hetsched run")
     require_shapes(resolve_model_arg(args.model), shapes, "hetsched run's inputs")
@@ -207,6 +214,8 @@ def main(args: argparse.Namespace) -> int:
                            hooks=[*hooks, *compile_progress_hooks(args)],
                            shapes=shapes, calibration=calibration, trace=args.trace) as s:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
+            for _ in range(args.warmup):  # not in the figures: the first runs start contexts
+                await s.run(feeds)
             progress = Progress(args.requests, enabled=True if args.progress else None)
             board = BoardEnergy(args.root) if args.root else None
             t0 = time.perf_counter()
@@ -235,6 +244,7 @@ def main(args: argparse.Namespace) -> int:
                     summary.update({"frame_deadline_ms": args.frame_deadline_ms, "frame_period_ms": period_ms,
                                     "deadline_misses": paced.misses, "frame_overruns": paced.overruns,
                                     "latency_source": paced.source})
+            summary["warmup_requests"] = args.warmup  # run first, left out of the latency figures
             summary["inputs"] = {name: list(np.shape(v)) for name, v in feeds.items()}
             summary["refused"] = s.plan.to_json()["refused"]
             comp = s.statistics().compile
@@ -269,7 +279,8 @@ def main(args: argparse.Namespace) -> int:
                     print(f"{summary['requests']} requests streamed: {summary['throughput_rps']:.1f} req/s")
                 else:
                     print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
-                          f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s")
+                          f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s"
+                          f" ({args.warmup} warm-up request(s) first, not counted)")
                 if "deadline_misses" in summary:
                     print(f"frame-paced every {period_ms:g} ms: {summary['deadline_misses']} of {summary['requests']} "
                           f"missed the {args.frame_deadline_ms:g} ms deadline ({summary['latency_source']} latency)")
