@@ -185,25 +185,28 @@ def reference_outputs(model: Path, feeds: dict[str, Any]) -> dict[str, np.ndarra
     return dict(zip(names, sess.run(names, feeds), strict=True))
 
 
-def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, Any]) -> dict[str, float]:
+def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, Any]) -> dict[str, Any]:
     """``max_abs_diff`` (over every element of every output) and ``min_cosine`` (the least
-    cosine similarity of one output, flattened, with its reference; 1.0 for two zero vectors)."""
+    cosine similarity of one output, flattened, with its reference; 1.0 for two zero vectors),
+    and ``outputs``: each output's own ``cosine`` and ``max_abs_diff`` (an INT8 run against fp32)."""
     max_abs = 0.0
     min_cos = 1.0
+    per: dict[str, dict[str, float]] = {}
     for name, ref in reference.items():
         a = np.asarray(got[name], dtype=np.float64).ravel()
         b = np.asarray(ref, dtype=np.float64).ravel()
         if a.shape != b.shape:
-            return {"max_abs_diff": float("inf"), "min_cosine": -1.0}
-        if a.size:
-            max_abs = max(max_abs, float(np.max(np.abs(a - b))))
+            return {"max_abs_diff": float("inf"), "min_cosine": -1.0, "outputs": per}
+        diff = float(np.max(np.abs(a - b))) if a.size else 0.0
+        max_abs = max(max_abs, diff)
         na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
         if na == 0.0 or nb == 0.0:
             cos = 1.0 if na == nb else 0.0
         else:
             cos = float(np.dot(a, b) / (na * nb))
         min_cos = min(min_cos, cos)
-    return {"max_abs_diff": max_abs, "min_cosine": min_cos}
+        per[name] = {"cosine": cos, "max_abs_diff": diff}
+    return {"max_abs_diff": max_abs, "min_cosine": min_cos, "outputs": per}
 
 
 def random_feeds(session_inputs: Sequence[onnx.ValueInfoProto], seed: int = 0,
