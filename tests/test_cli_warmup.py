@@ -44,3 +44,10 @@ def test_the_text_summary_says_warm_up_was_left_out(monkeypatch: pytest.MonkeyPa
 def test_a_negative_warm_up_is_a_clear_exit() -> None:
     with pytest.raises(SystemExit, match="--warmup -1: must be >= 0"):
         main(["run", "light_squeezenet", "--devices", "cpu:0", "--warmup", "-1"])
+
+
+def test_check_reports_each_outputs_cosine_and_max_abs_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "light_squeezenet", "--devices", "cpu:0", "--requests", "1", "--check", "--json"]) == 0
+    check = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["check"]
+    assert check["outputs"] and all(set(v) == {"cosine", "max_abs_diff"} for v in check["outputs"].values())
+    assert min(v["cosine"] for v in check["outputs"].values()) == check["min_cosine"]
