@@ -79,8 +79,7 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
     for (a, b), link in links.items():
         price[(a, b)] = (max(0.0, link.latency_s - launch.get(b, 0.0)), link.seconds_per_byte)
 
-    def boundary(members: set[int], ext_in: Sequence[tuple[int, int]], ext_out: Sequence[tuple[int, int]],
-                 dev: str) -> float:
+    def boundary(ext_in: Sequence[tuple[int, int]], ext_out: Sequence[tuple[int, int]], dev: str) -> float:
         total = 0.0
         senders: set[str] = set()
         receivers: set[str] = set()
@@ -108,45 +107,117 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
             total += edges.get((u, s), 0.0) * lat_spb[1]
         return total
 
+    def group_cands(group: Sequence[int]) -> frozenset[str]:
+        targets: frozenset[str] | None = None
+        for uid in group:
+            cands = units[uid].candidates
+            targets = frozenset(cands) if targets is None else targets & frozenset(cands)
+            if len(targets) <= 1:
+                break
+        return targets or frozenset()
+
+    Edge = tuple[int, int]
+
+    def where_it_is(region: Sequence[int], members: set[int]) -> tuple[list[Edge], list[Edge], float]:
+        """The region's boundary edges and its serial time where it is now: compute, the hand-offs
+        between its own parts (what moving it whole saves) and its boundary."""
+        ext_in = [(p, uid) for uid in region for p in units[uid].preds if p not in members]
+        ext_out = [(uid, s) for uid in region for s in units[uid].succs if s not in members]
+        devs = {out[u] for u in region}
+        if len(devs) == 1:
+            (here,) = devs
+            w = 1.0 if weight is None else weight.get(here, 1.0)
+            return ext_in, ext_out, w * sum(cost[(uid, here)] for uid in region) + boundary(ext_in, ext_out, here)
+        # (a region of several groups: their inner hand-offs count too)
+        now = 0.0
+        for uid in region:
+            here = out[uid]
+            now += (1.0 if weight is None else weight.get(here, 1.0)) * cost[(uid, here)]
+            for s in units[uid].succs:
+                if s in members and out[s] != here:
+                    lat_spb = price.get((here, out[s]))
+                    if lat_spb is not None:
+                        now += lat_spb[0] + launch.get(out[s], 0.0) + edges.get((uid, s), 0.0) * lat_spb[1]
+        for dev_here in devs:
+            now += boundary([e for e in ext_in if out[e[1]] == dev_here], [e for e in ext_out if out[e[0]] == dev_here],
+                            dev_here)
+        return ext_in, ext_out, now
+
+    gsum: dict[tuple[int, str], float] = {}  # (group index, device) -> the group's compute there (per sweep)
+    groups: list[list[int]] = []
+
+    def group_cost(j: int, dev: str) -> float:
+        c = gsum.get((j, dev))
+        if c is None:
+            c = gsum[(j, dev)] = sum(cost[(uid, dev)] for uid in groups[j])
+        return c
+
+    def on(gids: Sequence[int], ext_in: list[Edge], ext_out: list[Edge], dev: str, bound: float) -> float:
+        """The serial time of groups ``gids`` on ``dev`` (anything >= ``bound`` once it cannot beat it)."""
+        there = (1.0 if weight is None else weight.get(dev, 1.0)) * sum(group_cost(j, dev) for j in gids)
+        if there >= bound:
+            return there
+        return there + boundary(ext_in, ext_out, dev)
+
+    def _better(best: tuple[float, str, Sequence[int]] | None, gids: Sequence[int],
+                now_of: tuple[list[Edge], list[Edge], float], dev: str) -> tuple[float, str, Sequence[int]] | None:
+        """``best`` or moving groups ``gids`` to ``dev``, whichever gains more (None: neither gains)."""
+        ext_in, ext_out, now = now_of
+        floor = now * (1 - _REL_EPS) if best is None else min(now * (1 - _REL_EPS), now - best[0])
+        there = on(gids, ext_in, ext_out, dev, floor)
+        return (now - there, dev, gids) if there < floor else best
+
     dirty: set[int] | None = None  # units whose group's surroundings changed (None: all, first sweep)
     for _ in range(max_sweeps):
         moved: set[int] = set()
-        for group in _groups(problem, out):
+        groups = _groups(problem, out)
+        gsum.clear()
+        gid: dict[int, int] = {}
+        for i, g in enumerate(groups):
+            for uid in g:
+                gid[uid] = i
+        cands = [group_cands(g) for g in groups]
+        for i, group in enumerate(groups):
             if dirty is not None and dirty.isdisjoint(group):
                 continue  # nothing in or around it changed since it was last found to pay
-            here = out[group[0]]
-            targets: set[str] | None = None
-            for uid in group:
-                cands = units[uid].candidates
-                if len(cands) == 1:
-                    targets = None
-                    break
-                c = set(cands)
-                targets = c if targets is None else targets & c
+            here = out[group[0]]  # groups move whole, so a group stays on one device within a sweep
+            targets = cands[i]
             if not targets or targets == {here}:
                 continue
             members = set(group)
-            ext_in = [(p, uid) for uid in group for p in units[uid].preds if p not in members]
-            ext_out = [(uid, s) for uid in group for s in units[uid].succs if s not in members]
-            w = 1.0 if weight is None else weight.get(here, 1.0)
-            current = w * sum(cost[(uid, here)] for uid in group) + boundary(members, ext_in, ext_out, here)
-            best_dev, best = here, current * (1 - _REL_EPS)
+            # Adjacent groups no bigger than this one (a bigger one weighs its own moves), each
+            # a candidate to move along with it: two groups alternating between devices (a DLA
+            # run, a Div on a CPU, a DLA run ...) only pay for their boundaries together.
+            near: dict[int, None] = {}
+            for uid in group:
+                for n in (*units[uid].preds, *units[uid].succs):
+                    j = gid[n]
+                    if j != i and len(groups[j]) <= len(group):
+                        near[j] = None
+            best: tuple[float, str, Sequence[int]] | None = None
+            alone = where_it_is(group, members)
+            # The group alone, and with its neighbours that can go there too.
+            seen: dict[tuple[int, ...], tuple[list[Edge], list[Edge], float]] = {}
             for dev in sorted(targets):
                 if dev == here:
                     continue
-                total = (1.0 if weight is None else weight.get(dev, 1.0)) * sum(cost[(uid, dev)] for uid in group)
-                if total >= best:
-                    continue
-                total += boundary(members, ext_in, ext_out, dev)
-                if total < best:
-                    best_dev, best = dev, total
-            if best_dev != here:
-                for uid in group:
-                    out[uid] = best_dev
-                    left.setdefault(uid, here)
-                moved.update(group)
-                moved.update(p for p, _ in ext_in)
-                moved.update(s for _, s in ext_out)
+                best = _better(best, (i,), alone, dev)
+                joined = tuple(j for j in near if dev in cands[j] and out[groups[j][0]] != dev)
+                if joined:
+                    if joined not in seen:
+                        region = [*group, *(u for j in joined for u in groups[j])]
+                        seen[joined] = where_it_is(region, set(region))
+                    best = _better(best, (i, *joined), seen[joined], dev)
+            if best is not None:
+                _, dev, gids = best
+                region = [u for j in gids for u in groups[j]]
+                for uid in region:
+                    left.setdefault(uid, out[uid])
+                    out[uid] = dev
+                moved.update(region)
+                for uid in region:
+                    moved.update(units[uid].preds)
+                    moved.update(units[uid].succs)
         if not moved:
             break
         dirty = moved

@@ -340,28 +340,32 @@ def _build_plan(
     energy: dict[tuple[int, str], float] = {}
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
     # Per device, its rates now (a twin device's clocks are read once per plan, not per unit).
-    rates = {d.name: (*device_rates(d)[:2], unit_overhead(d, boundary)) for d in devices}
+    # Energy is linear in FLOPs (modelled_energy_j): joules per FLOP once per device.
+    rates = {d.name: (*device_rates(d)[:2], unit_overhead(d, boundary), modelled_energy_j(d, 1.0)) for d in devices}
     for u in drafts:
         cands = cands_of.get(u.mask)
         if cands is None:
             cands = cands_of[u.mask] = tuple(names[b] for b in range(len(names)) if u.mask >> b & 1)
-        flops = sum(node_costs[n].flops for n in u.nodes)
-        nbytes = sum(node_costs[n].bytes for n in u.nodes)
+        if len(u.nodes) == 1:
+            nc = node_costs[u.nodes[0]]
+            flops, nbytes = nc.flops, nc.bytes
+        else:
+            flops = sum(node_costs[n].flops for n in u.nodes)
+            nbytes = sum(node_costs[n].bytes for n in u.nodes)
         key = unit_key(index, u.nodes) if costs is not None or refused else ""
         if refused:
             cands = _drop_refused(index, u.id, u.nodes, key, cands, refused, refusals)
         for dname in cands:
-            dev = by_name[dname]
-            fps, bps, over = rates[dname]
-            est = max(flops / fps, nbytes / bps) + over
-            measured = costs.get(key, dname) if costs is not None else None
-            if measured is not None:
-                cost[(u.id, dname)] = measured
+            fps, bps, over, j_per_flop = rates[dname]
+            t_c, t_m = flops / fps, nbytes / bps
+            est = (t_c if t_c > t_m else t_m) + over
+            if costs is None:
+                cost[(u.id, dname)] = est
             else:
-                cost[(u.id, dname)] = est * (costs.factor(dname) if costs is not None else 1.0)
-            joules = modelled_energy_j(dev, flops)
-            if joules is not None:
-                energy[(u.id, dname)] = joules
+                measured = costs.get(key, dname)
+                cost[(u.id, dname)] = measured if measured is not None else est * costs.factor(dname)
+            if j_per_flop is not None:
+                energy[(u.id, dname)] = j_per_flop * flops
         units.append(
             Unit(
                 id=u.id,
