@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -381,3 +383,10 @@ def test_safety_reads_the_decision_not_its_words() -> None:
     assert capped.reason == "least energy within bounds"
     assert Decision(Phase.INFER, point, writes, None, Reason.LEAST_ENERGY, capped=True,
                     cap_w=7.5).reason == "power cap 7.50 W: least energy within bounds"
+
+
+def test_a_profile_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "profile.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):
+        GovernorProfile.load(fifo)

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .._errors import ProfileError
+from .._errors import NotRegularFileError, ProfileError
+from .._platform.files import read_regular_file
 from ._model import PhaseModel
 from ._phase import Phase
 from ._points import DomainSpec
@@ -121,8 +122,9 @@ class GovernorProfile:
         """
         where = os.fspath(path)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_regular_file(path, what="governor profile")
+        except NotRegularFileError as exc:
+            raise ProfileError(str(exc)) from exc
         except OSError as exc:
             raise ProfileError(f"cannot read governor profile {where}: {exc.strerror or exc}") from exc
         try:
