@@ -153,3 +153,30 @@ async def test_a_yolov8_style_export_with_dynamic_axes_runs_on_the_npu_in_few_st
             assert got.shape == want.shape == (1, 8, 12 * 16 + 6 * 8 + 3 * 4)
             cos = float(got.ravel() @ want.ravel() / (np.linalg.norm(got) * np.linalg.norm(want)))
             assert cos >= 0.999
+
+
+class _FailingProc:
+    alive = True
+
+    def run(self, handle: int, inputs: object, outputs: object) -> None:
+        from hetsched._errors import ToolkitWorkerError
+
+        raise ToolkitWorkerError("npu: the toolkit failed to run model 1: inference failed")
+
+
+@pytest.mark.parametrize(("proven", "device_failed"), [(False, False), (True, True)])
+def test_a_run_failure_of_a_stage_that_passed_its_probe_is_a_device_failure(proven: bool,
+                                                                            device_failed: bool) -> None:
+    # not an abort of the session: failover counts it, quarantines and re-places the stage
+    from hetsched import Device, DeviceFailedError, StageExecutionError
+    from hetsched.backends.rknn import RknnBackend, RknnStage, _Context
+
+    spec = (F32, (1, 3, 4, 4))
+    stage = RknnStage(RknnBackend(), "stage0", Device("npu", kind="npu", backend="rknn"), None,
+                      _Context(_FailingProc(), 1, 0, 0), (["x"], [spec], ["y"], [spec]), cached=False, key="k",
+                      rknn_path=Path("unused.rknn"), precision="float16", model_sha256="")
+    stage.proven = proven
+    with pytest.raises(StageExecutionError) as exc:
+        stage.run({"x": np.zeros(spec[1], np.float32)})
+    assert isinstance(exc.value, DeviceFailedError) is device_failed
+    assert "inference failed" in str(exc.value)

@@ -124,13 +124,33 @@ def _constant_value(node: onnx.NodeProto, opset: int) -> np.ndarray | None:
     return res[0] if res else None
 
 
+class _Constants:
+    """Initializers as arrays, converted when first read (a model's weights are never copied
+    for the few small ones shape arithmetic reads), plus the values of ``Constant`` nodes."""
+
+    def __init__(self, initializers: Mapping[str, onnx.TensorProto]):
+        self._protos = initializers
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._arrays or name in self._protos
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self._arrays[name] = value
+
+    def get(self, name: str) -> np.ndarray | None:
+        got = self._arrays.get(name)
+        if got is None and name in self._protos:
+            got = self._arrays[name] = numpy_helper.to_array(self._protos[name])
+        return got
+
+
 def _fold_round(model: onnx.ModelProto, cfg: FoldConfig) -> tuple[onnx.ModelProto, int, int] | None:
     g = model.graph
     opset = _opset(model)
     shapes = _static_shapes(model)
     graph_inputs = {i.name for i in g.input}
-    consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer
-                                     if i.name not in graph_inputs}
+    consts = _Constants({i.name: i for i in g.initializer if i.name not in graph_inputs})
     derived: dict[str, np.ndarray] = {}  # values computed from a runtime shape
     folded: set[int] = set()
     graph_outputs = {o.name for o in g.output}
@@ -157,10 +177,10 @@ def _fold_round(model: onnx.ModelProto, cfg: FoldConfig) -> tuple[onnx.ModelProt
                 start, end = attrs.get("start", 0), attrs.get("end", len(shape))
                 result = [np.array(shape[start:end], np.int64)]  # python slicing clamps like the spec
         else:
-            ins = [None if n == "" else derived.get(n, consts.get(n)) for n in node.input]
-            if not any(n in derived for n in node.input) or any(
-                    v is None for n, v in zip(node.input, ins, strict=True) if n != ""):
+            if not any(n in derived for n in node.input) or not all(
+                    n == "" or n in derived or n in consts for n in node.input):
                 continue
+            ins = [None if n == "" else derived[n] if n in derived else consts.get(n) for n in node.input]
             result = _evaluate(node, ins, opset)
         if result is None or len(result) != len(node.output) or any(r.size > cfg.max_elements for r in result):
             continue
@@ -214,6 +234,8 @@ def fold_shape_arithmetic(model: onnx.ModelProto, config: FoldConfig = FOLD,
     """
     folded = removed = rounds = 0
     current = model
+    if not any(n.op_type in _SEEDS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        return model, FoldStatistics(0, 0, 0)  # no shape is read at run time: nothing to fold
     for _ in range(config.max_rounds):
         res = _fold_round(current, config)
         if res is None:
