@@ -359,6 +359,7 @@ class Adapter:
     async def _monitor(self) -> None:
         config = self.config
         assert config is not None
+        started = self._perf()
         while True:
             await anyio.sleep(config.period_s)
             if self._lock.locked() or self._perf() - self._last_replan < config.min_interval_s:
@@ -370,7 +371,7 @@ class Adapter:
                 self._flags, reason = decide_replan(config, self._flags, states, used)
             use_costs = False
             if reason is None:
-                reason = drift_reason(config, *self._drift_inputs())
+                reason = drift_reason(config, *self._drift_inputs(), elapsed_s=self._perf() - started)
                 use_costs = reason is not None
             if reason is None:
                 continue

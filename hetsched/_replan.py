@@ -43,6 +43,10 @@ class Replanning:
     power_high: float = 0.15
     drift_factor: float = 1.5
     drift_min_runs: int = 32
+    drift_grace_s: float = 5.0
+    """Seconds from the session's start (by its clock) before drift may re-plan: the first runs
+    include warm-up (a toolkit context starting, caches filling, a governor raising clocks), not
+    a board that changed."""
     min_interval_s: float = 2.0
     quarantine_after: int = 3
     """Consecutive failed stage runs that take a device out of the plan (see the failover)."""
@@ -58,6 +62,8 @@ class Replanning:
             raise ValueError(f"Replanning.drift_factor must be > 1, got {self.drift_factor!r}")
         if self.quarantine_after < 1:
             raise ValueError(f"Replanning.quarantine_after must be >= 1, got {self.quarantine_after!r}")
+        if not (self.drift_grace_s >= 0 and math.isfinite(self.drift_grace_s)):
+            raise ValueError(f"Replanning.drift_grace_s must be a finite number >= 0, got {self.drift_grace_s!r}")
         if self.min_interval_s < 0:
             raise ValueError(f"Replanning.min_interval_s must be >= 0, got {self.min_interval_s!r}")
 
@@ -124,9 +130,12 @@ def decide_replan(config: Replanning, flags: ReplanFlags, states: Mapping[str, D
 
 
 def drift_reason(config: Replanning, estimates: Mapping[str, float], measured: Mapping[str, tuple[float, int]],
-                 ) -> str | None:
+                 elapsed_s: float | None = None) -> str | None:
     """A reason to re-plan when a stage's measured time (seconds, runs) left its estimate by
-    more than ``drift_factor`` either way, once it ran ``drift_min_runs`` times. Pure."""
+    more than ``drift_factor`` either way, once it ran ``drift_min_runs`` times and (when
+    ``elapsed_s``, the seconds since the session started, is given) ``drift_grace_s`` passed. Pure."""
+    if elapsed_s is not None and elapsed_s < config.drift_grace_s:
+        return None
     worst: tuple[float, str, float, float] | None = None
     for name, est in estimates.items():
         got = measured.get(name)
