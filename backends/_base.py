@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-import numpy as np
-import onnx
+# numpy and onnx are for annotations only: importing the backends' protocols (the board tools,
+# ``hetsched info``) must not import onnx (issue 22).
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 __all__ = [
     "Backend",
@@ -142,7 +145,7 @@ class CompiledStage(Protocol):
     def close(self) -> None: ...
 
 
-TensorSpec = tuple[np.dtype[Any], tuple[int, ...]]
+TensorSpec: TypeAlias = "tuple[np.dtype[Any], tuple[int, ...]]"
 """A tensor's element type and (static) shape."""
 
 

@@ -22,12 +22,15 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import onnx
+from typing import TYPE_CHECKING, Any
 
 from hetsched._errors import BackendUnavailableError, CompileError
+
+# numpy and onnx import where a stage is checked or converted: the Vulkan probe (hetsched info,
+# doctor) must not import onnx (issue 22).
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 __all__ = [
     "CONVERT_TIMEOUT_S",
@@ -193,6 +196,9 @@ def silent_failure(model: onnx.ModelProto) -> str | None:
     float32 (ncnn blobs are float, without a batch axis); AveragePool with asymmetric pads or
     ``auto_pad`` SAME; Softmax/LogSoftmax at opset < 13 on a tensor of rank > 2.
     """
+    import onnx
+    import onnx.helper
+
     inits = {t.name for t in model.graph.initializer}
     for vi in [*(i for i in model.graph.input if i.name not in inits), *model.graph.output]:
         tt = vi.type.tensor_type
@@ -286,6 +292,8 @@ def float_outputs(arrays: Sequence[Any], specs: Sequence[tuple[np.dtype[Any], tu
 
     :raises ValueError: an output's element count differs from its ONNX shape's.
     """
+    import numpy as np
+
     out = []
     for i, (arr, (_dt, shape)) in enumerate(zip(arrays, specs, strict=True)):
         a = np.asarray(arr)

@@ -19,7 +19,10 @@ pieces that work below a session (buffers, copies, planning primitives, the tune
 :mod:`hetsched.lowlevel`, test helpers in :mod:`hetsched.testing`.
 """
 
-# Errors: one tree under HetschedError (hetsched._errors).
+import importlib as _importlib
+import typing as _typing
+
+# Errors: one tree under HetschedError (hetsched._errors); imported at once (stdlib only).
 from ._errors import BackendError as BackendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import BufferLeakError as BufferLeakError
@@ -57,98 +60,185 @@ from ._errors import UnsupportedEventLoopError as UnsupportedEventLoopError
 from ._errors import UnsupportedFrequencyError as UnsupportedFrequencyError
 from ._errors import UnsupportedGovernorError as UnsupportedGovernorError
 
-# Platform: what the board is and what it reports (sysfs discovery, telemetry, snapshots).
-# isort: split
-from ._platform import ClusterInfo as ClusterInfo
-from ._platform import DeviceInfo as DeviceInfo
-from ._platform import Platform as Platform
-from ._platform import RailInfo as RailInfo
-from ._platform import SysfsRoot as SysfsRoot
-from ._platform import Telemetry as Telemetry
-from ._platform import TelemetryStatistics as TelemetryStatistics
-from ._platform import TripInfo as TripInfo
-from ._platform import UdevEvent as UdevEvent
-from ._platform import UdevMonitor as UdevMonitor
-from ._platform import ZoneInfo as ZoneInfo
-from ._platform import discover as discover
-from ._snapshot import DomainState as DomainState
-from ._snapshot import RailState as RailState
-from ._snapshot import Snapshot as Snapshot
-from ._snapshot import ZoneState as ZoneState
+# Everything below the errors imports on first use (``hetsched.Session`` ...), so that
+# ``import hetsched`` and the CLI's board tools (``info``, ``top``, ``doctor``) start without
+# onnx, onnxruntime and numpy (issue 22; benchmarks/startup.py). Type checkers see the
+# imports; at run time module ``__getattr__`` below resolves a name through ``_LAZY``.
+if _typing.TYPE_CHECKING:
+    # Platform: what the board is and what it reports (sysfs discovery, telemetry, snapshots).
+    # isort: split
+    from ._platform import ClusterInfo as ClusterInfo
+    from ._platform import DeviceInfo as DeviceInfo
+    from ._platform import Platform as Platform
+    from ._platform import RailInfo as RailInfo
+    from ._platform import SysfsRoot as SysfsRoot
+    from ._platform import Telemetry as Telemetry
+    from ._platform import TelemetryStatistics as TelemetryStatistics
+    from ._platform import TripInfo as TripInfo
+    from ._platform import UdevEvent as UdevEvent
+    from ._platform import UdevMonitor as UdevMonitor
+    from ._platform import ZoneInfo as ZoneInfo
+    from ._platform import discover as discover
+    from ._snapshot import DomainState as DomainState
+    from ._snapshot import RailState as RailState
+    from ._snapshot import Snapshot as Snapshot
+    from ._snapshot import ZoneState as ZoneState
 
-# Digital twin: SoC profiles, simulated boards and sysfs trees that behave like real ones.
-# isort: split
-from ._twin import DomainInfo as DomainInfo
-from ._twin import LiveTwin as LiveTwin
-from ._twin import LiveTwinStatistics as LiveTwinStatistics
-from ._twin import PhaseWork as PhaseWork
-from ._twin import SimBoard as SimBoard
-from ._twin import SimStatistics as SimStatistics
-from ._twin import SocProfile as SocProfile
-from ._twin import get_profile as get_profile
-from ._twin import known_socs as known_socs
-from ._twin import rk3588_profile as rk3588_profile
+    # Digital twin: SoC profiles, simulated boards and sysfs trees that behave like real ones.
+    # isort: split
+    from ._twin import DomainInfo as DomainInfo
+    from ._twin import LiveTwin as LiveTwin
+    from ._twin import LiveTwinStatistics as LiveTwinStatistics
+    from ._twin import PhaseWork as PhaseWork
+    from ._twin import SimBoard as SimBoard
+    from ._twin import SimStatistics as SimStatistics
+    from ._twin import SocProfile as SocProfile
+    from ._twin import get_profile as get_profile
+    from ._twin import known_socs as known_socs
+    from ._twin import rk3588_profile as rk3588_profile
 
-# Planning: models, devices, costs and the partition of a model into stages.
-# isort: split
-from ._planning.costs import CostTable as CostTable
-from ._planning.costs import CostTableStatistics as CostTableStatistics
-from ._planning.devices import CpuCluster as CpuCluster
-from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
-from ._planning.devices import resolve_devices as resolve_devices
-from ._planning.model import load_model as load_model
-from ._planning.partition import StageSpec as StageSpec
-from ._planning.plan import Plan as Plan
+    # Planning: models, devices, costs and the partition of a model into stages.
+    # isort: split
+    from ._planning.costs import CostTable as CostTable
+    from ._planning.costs import CostTableStatistics as CostTableStatistics
+    from ._planning.devices import CpuCluster as CpuCluster
+    from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
+    from ._planning.devices import resolve_devices as resolve_devices
+    from ._planning.model import load_model as load_model
+    from ._planning.partition import StageSpec as StageSpec
+    from ._planning.plan import Plan as Plan
 
-# Placement policies and the backends that run stages.
-# isort: split
-from .backends import Device as Device
-from .policies import DeviceState as DeviceState
-from .policies import Placement as Placement
-from .policies import PlacementProblem as PlacementProblem
+    # Placement policies and the backends that run stages.
+    # isort: split
+    from .backends import Device as Device
+    from .policies import DeviceState as DeviceState
+    from .policies import Placement as Placement
+    from .policies import PlacementProblem as PlacementProblem
 
-# Runtime and sessions: running requests through the stages, events and hooks.
-# isort: split
-from ._delivery import Outputs as Outputs
-from ._events import CompileInfo as CompileInfo
-from ._events import Event as Event
-from ._events import EventInfo as EventInfo
-from ._events import Hooks as Hooks
-from ._events import Priority as Priority
-from ._events import ReplanInfo as ReplanInfo
-from ._ort_session import InferenceSession as InferenceSession
-from ._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
-from ._replan import Replanning as Replanning
-from ._replan import ReplanStatistics as ReplanStatistics
-from ._runtime import StageIO as StageIO
-from ._runtime import TransferInfo as TransferInfo
-from ._runtime._failover import FailoverStatistics as FailoverStatistics
-from ._session import Session as Session
-from ._session import SessionStatistics as SessionStatistics
-from ._stream import ResultStream as ResultStream
-from ._stream import StreamStatistics as StreamStatistics
-from ._sync import SyncSession as SyncSession
+    # Runtime and sessions: running requests through the stages, events and hooks.
+    # isort: split
+    from ._delivery import Outputs as Outputs
+    from ._events import CompileInfo as CompileInfo
+    from ._events import Event as Event
+    from ._events import EventInfo as EventInfo
+    from ._events import Hooks as Hooks
+    from ._events import Priority as Priority
+    from ._events import ReplanInfo as ReplanInfo
+    from ._ort_session import InferenceSession as InferenceSession
+    from ._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
+    from ._replan import Replanning as Replanning
+    from ._replan import ReplanStatistics as ReplanStatistics
+    from ._runtime import StageIO as StageIO
+    from ._runtime import TransferInfo as TransferInfo
+    from ._runtime._failover import FailoverStatistics as FailoverStatistics
+    from ._session import Session as Session
+    from ._session import SessionStatistics as SessionStatistics
+    from ._stream import ResultStream as ResultStream
+    from ._stream import StreamStatistics as StreamStatistics
+    from ._sync import SyncSession as SyncSession
 
-# Governor: phase-aware DVFS, its extension points (ClockPort, DomainSpec, PhaseModel) and hooks.
-# isort: split
-from ._governed import GovernorHooks as GovernorHooks
-from ._governor import BatchAdvice as BatchAdvice
-from ._governor import BatchMeasurement as BatchMeasurement
-from ._governor import BatchOption as BatchOption
-from ._governor import ClockPort as ClockPort
-from ._governor import DomainSpec as DomainSpec
-from ._governor import Governor as Governor
-from ._governor import GovernorConfig as GovernorConfig
-from ._governor import GovernorEngine as GovernorEngine
-from ._governor import GovernorProfile as GovernorProfile
-from ._governor import GovernorStatistics as GovernorStatistics
-from ._governor import GovernorWarning as GovernorWarning
-from ._governor import Measurement as Measurement
-from ._governor import OperatingPoint as OperatingPoint
-from ._governor import Phase as Phase
-from ._governor import PhaseModel as PhaseModel
-from ._governor import PhaseStatistics as PhaseStatistics
-from ._governor import advise_batch_size as advise_batch_size
+    # Governor: phase-aware DVFS, its extension points (ClockPort, DomainSpec, PhaseModel) and hooks.
+    # isort: split
+    from ._governed import GovernorHooks as GovernorHooks
+    from ._governor import BatchAdvice as BatchAdvice
+    from ._governor import BatchMeasurement as BatchMeasurement
+    from ._governor import BatchOption as BatchOption
+    from ._governor import ClockPort as ClockPort
+    from ._governor import DomainSpec as DomainSpec
+    from ._governor import Governor as Governor
+    from ._governor import GovernorConfig as GovernorConfig
+    from ._governor import GovernorEngine as GovernorEngine
+    from ._governor import GovernorProfile as GovernorProfile
+    from ._governor import GovernorStatistics as GovernorStatistics
+    from ._governor import GovernorWarning as GovernorWarning
+    from ._governor import Measurement as Measurement
+    from ._governor import OperatingPoint as OperatingPoint
+    from ._governor import Phase as Phase
+    from ._governor import PhaseModel as PhaseModel
+    from ._governor import PhaseStatistics as PhaseStatistics
+    from ._governor import advise_batch_size as advise_batch_size
+
+# Public name -> module (relative to hetsched) that defines it; tests/test_startup.py checks
+# that it matches the imports above.
+_LAZY: dict[str, str] = {
+    "ClusterInfo": "._platform",
+    "DeviceInfo": "._platform",
+    "Platform": "._platform",
+    "RailInfo": "._platform",
+    "SysfsRoot": "._platform",
+    "Telemetry": "._platform",
+    "TelemetryStatistics": "._platform",
+    "TripInfo": "._platform",
+    "UdevEvent": "._platform",
+    "UdevMonitor": "._platform",
+    "ZoneInfo": "._platform",
+    "discover": "._platform",
+    "DomainState": "._snapshot",
+    "RailState": "._snapshot",
+    "Snapshot": "._snapshot",
+    "ZoneState": "._snapshot",
+    "DomainInfo": "._twin",
+    "LiveTwin": "._twin",
+    "LiveTwinStatistics": "._twin",
+    "PhaseWork": "._twin",
+    "SimBoard": "._twin",
+    "SimStatistics": "._twin",
+    "SocProfile": "._twin",
+    "get_profile": "._twin",
+    "known_socs": "._twin",
+    "rk3588_profile": "._twin",
+    "CostTable": "._planning.costs",
+    "CostTableStatistics": "._planning.costs",
+    "CpuCluster": "._planning.devices",
+    "discover_cpu_clusters": "._planning.devices",
+    "resolve_devices": "._planning.devices",
+    "load_model": "._planning.model",
+    "StageSpec": "._planning.partition",
+    "Plan": "._planning.plan",
+    "Device": ".backends",
+    "DeviceState": ".policies",
+    "Placement": ".policies",
+    "PlacementProblem": ".policies",
+    "Outputs": "._delivery",
+    "CompileInfo": "._events",
+    "Event": "._events",
+    "EventInfo": "._events",
+    "Hooks": "._events",
+    "Priority": "._events",
+    "ReplanInfo": "._events",
+    "InferenceSession": "._ort_session",
+    "InferenceSessionStatistics": "._ort_session",
+    "Replanning": "._replan",
+    "ReplanStatistics": "._replan",
+    "StageIO": "._runtime",
+    "TransferInfo": "._runtime",
+    "FailoverStatistics": "._runtime._failover",
+    "Session": "._session",
+    "SessionStatistics": "._session",
+    "ResultStream": "._stream",
+    "StreamStatistics": "._stream",
+    "SyncSession": "._sync",
+    "GovernorHooks": "._governed",
+    "BatchAdvice": "._governor",
+    "BatchMeasurement": "._governor",
+    "BatchOption": "._governor",
+    "ClockPort": "._governor",
+    "DomainSpec": "._governor",
+    "Governor": "._governor",
+    "GovernorConfig": "._governor",
+    "GovernorEngine": "._governor",
+    "GovernorProfile": "._governor",
+    "GovernorStatistics": "._governor",
+    "GovernorWarning": "._governor",
+    "Measurement": "._governor",
+    "OperatingPoint": "._governor",
+    "Phase": "._governor",
+    "PhaseModel": "._governor",
+    "PhaseStatistics": "._governor",
+    "advise_batch_size": "._governor",
+}
+# Subpackages reachable as attributes (``hetsched.lowlevel.X`` after ``import hetsched``).
+_SUBMODULES = frozenset({"backends", "lowlevel", "policies", "testing"})
 
 __version__ = "0.1.0"
 
@@ -178,6 +268,7 @@ __all__ = (
     "Event",
     "EventInfo",
     "FailoverStatistics",
+    "FreeDimsError",
     "FrequencyLockError",
     "Governor",
     "GovernorBusyError",
@@ -192,7 +283,6 @@ __all__ = (
     "Hooks",
     "InferenceSession",
     "InferenceSessionStatistics",
-    "FreeDimsError",
     "InputError",
     "InvalidModelError",
     "LiveTwin",
@@ -266,14 +356,37 @@ __all__ = (
     "rk3588_profile",
 )
 
-# Show public objects as hetsched.X in reprs and docs (anyio 4.x does the same).
-for _name in __all__:
-    _obj = globals()[_name]
-    _mod = getattr(_obj, "__module__", None) or ""
+
+def _show_as_public(obj: object) -> None:
+    """Show a public object as ``hetsched.X`` in reprs and docs (anyio 4.x does the same)."""
+    mod = getattr(obj, "__module__", None) or ""
     # Private modules of the core and of the subpackages (hetsched.backends._base, ...).
-    if _mod.startswith("hetsched.") and "._" in f".{_mod.partition('.')[2]}":
+    if mod.startswith("hetsched.") and "._" in f".{mod.partition('.')[2]}":
         try:
-            _obj.__module__ = __name__
+            obj.__module__ = __name__
         except (AttributeError, TypeError):
             pass
-del _name, _obj, _mod
+
+
+# Hidden from type checkers, which see the imports above: a misspelt name stays an error.
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is not None:
+            obj = getattr(_importlib.import_module(module, __name__), name)
+            _show_as_public(obj)
+            globals()[name] = obj
+            return obj
+        if name in _SUBMODULES:
+            return _importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
+
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _show_as_public(globals()[_name])
+del _name

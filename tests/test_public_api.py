@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _public_names(module: types.ModuleType) -> set[str]:
+    # dir(), not vars(): public names import on first use (issue 22), so vars() holds only those used.
     return {
-        name for name, obj in vars(module).items()
-        if not name.startswith("_") and not isinstance(obj, types.ModuleType)
+        name for name in dir(module)
+        if not name.startswith("_") and not isinstance(getattr(module, name), types.ModuleType)
     }
 
 

@@ -9,25 +9,30 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
-
-import numpy as np
-import onnx
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hetsched._errors import CompileError
 from hetsched._events import CompileInfo, EventInfo, Hooks
-from hetsched._onnxruntime import ort_session
-from hetsched._planning.model import embedded_model, model_path
+
+# numpy, onnx and onnxruntime import where a model is loaded, never with the parser: the board
+# tools (info, top, doctor, restore, twin) and --help start without them (issue 22).
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 DEFAULT_MODEL = "light_squeezenet"
 
 
 def light_model(name: str) -> Path:
     """A model shipped in the onnx wheel (``light_squeezenet``, ``light_resnet50``, ...)."""
+    from hetsched._planning.model import embedded_model
+
     return embedded_model(name)
 
 
 def resolve_model_arg(arg: str) -> Path:
+    from hetsched._planning.model import model_path
+
     return model_path(arg)
 
 
@@ -180,6 +185,8 @@ def stage_rows(plan: Any) -> list[dict[str, Any]]:
 
 def reference_outputs(model: Path, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model's outputs for ``feeds`` from bare onnxruntime on the host (CPU provider)."""
+    from hetsched._onnxruntime import ort_session
+
     sess = ort_session(str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds), strict=True))
@@ -189,6 +196,8 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, Any]) -> di
     """``max_abs_diff`` (over every element of every output) and ``min_cosine`` (the least
     cosine similarity of one output, flattened, with its reference; 1.0 for two zero vectors),
     and ``outputs``: each output's own ``cosine`` and ``max_abs_diff`` (an INT8 run against fp32)."""
+    import numpy as np
+
     max_abs = 0.0
     min_cos = 1.0
     per: dict[str, dict[str, float]] = {}
@@ -212,6 +221,9 @@ def compare_outputs(reference: dict[str, np.ndarray], got: dict[str, Any]) -> di
 def random_feeds(session_inputs: Sequence[onnx.ValueInfoProto], seed: int = 0,
                  shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Random inputs: a free dimension is 1 unless ``shapes`` fixes the input's shape."""
+    import numpy as np
+    import onnx.helper
+
     rng = np.random.default_rng(seed)
     feeds: dict[str, Any] = {}
     for vi in session_inputs:

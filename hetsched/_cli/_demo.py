@@ -13,9 +13,6 @@ import statistics
 import time
 
 import anyio
-import numpy as np
-
-from hetsched._onnxruntime import ort_session
 
 from ._common import DEFAULT_MODEL, add_devices_args, light_model, random_feeds, select_devices, soc_devices
 
@@ -36,7 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from hetsched import HetschedError, Session
+    from hetsched._onnxruntime import ort_session
 
     path = light_model(args.model)
     if args.soc and args.root:

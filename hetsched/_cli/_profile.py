@@ -26,12 +26,9 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import onnx
-
-from hetsched._onnxruntime import ort_session
 
 from ._common import (
     Progress,
@@ -44,15 +41,13 @@ from ._common import (
     resolve_model_arg,
     select_devices,
 )
-from ._profile_report import (
-    UnitTiming,
-    build_report,
-    capability_gap,
-    format_report,
-    median_run,
-    node_tag,
-    parse_ort_profile,
-)
+
+# onnx, onnxruntime and the planner (through _profile_report) import when a profile runs, not
+# with the parser (issue 22: ``hetsched --help`` and the board tools start without them).
+if TYPE_CHECKING:
+    import onnx
+
+    from ._profile_report import UnitTiming
 
 _NO_PER_LAYER = ("per-layer times are not available for {dev} ({backend}): rknn-toolkit2's eval_perf "
                  "report is not offered through its simulator path here; its units show stage-level times")
@@ -78,6 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _tagged(model: onnx.ModelProto, node_ids: tuple[int, ...]) -> onnx.ModelProto:
     """``model`` (a stage: its nodes in ``node_ids`` order) with each node named by :func:`node_tag`."""
+    import onnx
+
+    from ._profile_report import node_tag
+
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for node, nid in zip(out.graph.node, node_ids, strict=True):
@@ -96,7 +95,10 @@ def _time_cpu(backend: Any, model: onnx.ModelProto, node_ids: tuple[int, ...], d
     import onnxruntime as ort
 
     from hetsched._errors import CompileError, StageExecutionError
+    from hetsched._onnxruntime import ort_session
     from hetsched._platform.affinity import pin_current_thread
+
+    from ._profile_report import UnitTiming, median_run, parse_ort_profile
 
     so = backend.session_options(dev)
     so.enable_profiling = True
@@ -143,6 +145,8 @@ def _time_backend(model: onnx.ModelProto, dev: Any, feeds: Mapping[str, Any], re
     from hetsched._platform.affinity import pin_current_thread
     from hetsched.backends import get_backend
 
+    from ._profile_report import UnitTiming
+
     compiled = get_backend(dev.backend).compile(model, dev, name=f"unit{uid}")
     prev = pin_current_thread(dev.cpus)
     try:
@@ -173,6 +177,8 @@ def time_units(index: Any, plan: Any, feeds: Mapping[str, Any], repeats: int,
     from hetsched._profiling import unit_stage_specs
     from hetsched.backends import get_backend
     from hetsched.backends.cpu import CpuBackend
+
+    from ._profile_report import UnitTiming
 
     by_name = {d.name: d for d in plan.devices}
     specs = unit_stage_specs(index, plan)
@@ -215,6 +221,8 @@ def time_units(index: Any, plan: Any, feeds: Mapping[str, Any], repeats: int,
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
     from hetsched.backends import get_backend
+
+    from ._profile_report import build_report, capability_gap, format_report
 
     if args.repeats < 1:
         raise SystemExit("hetsched profile: --repeats must be >= 1")

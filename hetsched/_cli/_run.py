@@ -30,7 +30,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import numpy as np
 
 from ._common import (
     Progress,
@@ -180,6 +179,8 @@ def governor_statistics(hooks: list) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from hetsched import Session
 
     if args.requests < 1:
