@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +185,131 @@ def test_cli_setup_default_dir(no_env: Path, monkeypatch: pytest.MonkeyPatch, tm
     assert str(toolkit_env_dir()) in out and "finds it there by itself" in out
     assert find_toolkit_python() == str(toolkit_env_dir() / "bin" / "python")
     assert os.access(find_toolkit_python(), os.X_OK)
+
+
+# -- a lock on the folder, interrupted setups, progress (issue 22) ------------------------------
+
+# Like _FAKE_PYTHON, but the first pip step (the toolkit's dependencies) says it started and then
+# holds until the test opens the gate, so a second setup or a kill lands while it runs.
+_GATED_PYTHON = _FAKE_PYTHON.replace(
+    'echo "some pip chatter"\n',
+    'echo "some pip chatter"\n'
+    'case "$*" in *"onnx>="*) touch "$GATE/started"; n=0\n'
+    '  while [ ! -e "$GATE/open" ]; do sleep 0.05; n=$((n+1)); [ $n -gt 6000 ] && exit 7; done;; esac\n',
+)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    """Until ``path`` exists (a guard, not a measurement: the deadline only bounds a broken run)."""
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _setup_process(fake: Path, d: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hetsched", "setup", "rknn", "--torch", "torch==2.13.0",
+                             "--python", str(fake), "--dir", str(d)],
+                            cwd=d.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture
+def gated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("FAIL_ON", "never-matches")
+    monkeypatch.setenv("GATE", str(gate))
+    return _executable(tmp_path / "python3", _GATED_PYTHON), gate, dict(os.environ)
+
+
+def test_two_concurrent_setups_leave_one_environment(gated: tuple[Path, Path, dict[str, str]], tmp_path: Path) -> None:
+    fake, gate, environ = gated
+    d = tmp_path / "env"
+    first = _setup_process(fake, d, environ)
+    try:
+        _wait_for(gate / "started", first)  # the first holds the folder, inside its pip step
+        second = _setup_process(fake, d, environ)
+        try:
+            line = second.stdout.readline() if second.stdout else ""
+            assert "waiting" in line and f"pid {first.pid}" in line, line
+            assert len((d / "calls.txt").read_text().splitlines()) == 1  # the second ran nothing yet
+            (gate / "open").touch()
+            out1, _ = first.communicate(timeout=120)
+            out2, _ = second.communicate(timeout=120)
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+    assert first.returncode == 0, out1
+    assert second.returncode == 0, out2
+    assert "[2/4] install the toolkit's dependencies: already done" in out2 and "[4/4]" in out2
+    calls = (d / "calls.txt").read_text().splitlines()
+    assert sum("onnx>=" in c for c in calls) == 1 and sum("rknn-toolkit2==" in c for c in calls) == 1
+    assert len(calls) == 4  # the first's three steps, then the second's import check
+    assert json.loads((d / "hetsched-setup.json").read_text()) == {"toolkit": TOOLKIT_VERSION, "torch": "torch==2.13.0"}
+
+
+def test_an_interrupted_setup_is_never_used_and_the_next_rebuilds_it(
+        gated: tuple[Path, Path, dict[str, str]], no_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, gate, environ = gated
+    d = toolkit_env_dir()
+    d.mkdir(parents=True)
+    killed = _setup_process(fake, d, environ)
+    try:
+        _wait_for(gate / "started", killed)
+    finally:
+        killed.kill()  # SIGKILL inside pip: no cleanup of any kind runs
+        killed.communicate()
+    half = d / "lib" / "site-packages" / "numpy-1.26.4.dist-info"
+    half.mkdir(parents=True)
+    (half / "RECORD").write_text("numpy/__init__.py,")  # what a killed pip leaves: a half-written dist-info
+    assert (d / "bin" / "python").exists()
+    with pytest.raises(BackendUnavailableError, match="incomplete"):
+        find_toolkit_python()  # a folder without the ready marker is never taken as ready
+    (gate / "open").touch()
+    seen: list[SetupProgress] = []
+    setup_toolkit_env(torch="torch==2.13.0", python=str(fake), progress=seen.append)
+    assert [(p.index, p.status) for p in seen][:2] == [(1, "start"), (1, "done")]  # the venv was made again
+    assert not half.exists()
+    assert len((d / "calls.txt").read_text().splitlines()) == 3  # only the new run's steps: a clean venv
+    assert "some pip chatter" in (d / env.LOG_NAME).read_text()  # the log of both runs is kept
+    assert find_toolkit_python() == str(d / "bin" / "python")
+
+
+def test_a_folder_that_is_no_environment_is_refused_untouched(tmp_path: Path) -> None:
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "thesis.tex").write_text("precious")
+    with pytest.raises(BackendUnavailableError, match=r"no environment.*--dir"):
+        setup_toolkit_env(torch="torch==2.13.0", python="/nonexistent/python", directory=d)
+    assert (d / "thesis.tex").read_text() == "precious"
+
+
+def test_progress_gives_each_step_an_eta_from_the_last_successful_run(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    monkeypatch.setenv("FAIL_ON", "never-matches")
+    fake = _executable(tmp_path / "python3", _FAKE_PYTHON)
+    d = tmp_path / "env"
+    seen: list[SetupProgress] = []
+    setup_toolkit_env(torch="torch==2.13.0", python=str(fake), directory=d, progress=seen.append)
+    starts = [p for p in seen if p.status == "start"]
+    assert [p.expected_s for p in starts] == list(env.STEP_ESTIMATES_S)  # nothing measured yet
+    assert starts[0].remaining_s == sum(env.STEP_ESTIMATES_S)
+    assert starts[1].remaining_s == sum(env.STEP_ESTIMATES_S[1:])
+    took = {p.step: p.seconds for p in seen if p.status == "done"}
+    assert json.loads((d / "hetsched-setup-times.json").read_text()) == took
+    seen.clear()  # another torch: steps 2-4 run again, expected to take what they took last time
+    setup_toolkit_env(torch="torch==2.4.0", python=str(fake), directory=d, progress=seen.append)
+    starts = [p for p in seen if p.status == "start"]
+    assert [p.expected_s for p in starts] == [took[p.step] for p in starts]
+    assert starts[0].remaining_s == pytest.approx(sum(took[p.step] for p in starts))
+
+
+def test_cli_setup_prints_the_eta(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FAIL_ON", "never-matches")
+    fake = _executable(tmp_path / "python3", _FAKE_PYTHON)
+    assert main(["setup", "rknn", "--python", str(fake), "--dir", str(tmp_path / "env")]) == 0
+    out = capsys.readouterr().out
+    assert "[2/4] install the toolkit's dependencies (about 50 s; 60 s left in all) ... done (" in out

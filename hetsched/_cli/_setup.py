@@ -25,7 +25,9 @@ def register(subparsers: Any) -> None:
         description=(
             f"Create a venv with rknn-toolkit2 {TOOLKIT_VERSION} and its pinned dependencies "
             "(numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4), which cannot share hetsched's environment. "
-            "pip's output goes to setup.log in the environment's directory."
+            "pip's output goes to setup.log in the environment's directory. A second setup of the same "
+            "directory waits for the first and then finds the environment ready; an interrupted setup "
+            "leaves it unready, and the next setup rebuilds it."
         ),
     )
     rknn.add_argument("--torch", default=DEFAULT_TORCH, metavar="SPEC",
@@ -44,8 +46,14 @@ def run_rknn(args: argparse.Namespace) -> int:
 
     def show(p: SetupProgress) -> None:
         head = f"[{p.index}/{p.total}] {p.step}"
-        if p.status == "start":
-            print(f"{head} ...", end="", flush=True)
+        if p.status == "waiting":
+            who = f" (pid {p.holder})" if p.holder is not None else ""
+            print(f"another `hetsched setup rknn`{who} is setting up this environment; waiting for it to finish",
+                  flush=True)
+        elif p.status == "start":
+            eta = f" (about {p.expected_s:.0f} s; {p.remaining_s:.0f} s left in all)" if p.expected_s is not None and (
+                p.remaining_s is not None) else ""
+            print(f"{head}{eta} ...", end="", flush=True)
         elif p.status == "skipped":
             print(f"{head}: already done", flush=True)
         else:
