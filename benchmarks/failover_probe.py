@@ -23,8 +23,9 @@ while idle, ``--kills`` times per loop.
 **toolkit_kill** (``--toolkit-requests N``, with rknn-toolkit2 installed: ``hetsched setup
 rknn``): the real toolkit worker processes of an NPU on an rk3588 twin root (the toolkit's
 simulator computes; no board), no fallback device; a thread SIGKILLs a random toolkit process
-every ``--toolkit-kill-every-s`` seconds while the requests run. Kills faster than a process
-restarts make runs fail ``Replanning.quarantine_after`` times in a row: the device is
+every ``--toolkit-kill-every-s`` seconds while the requests run, one that has served for
+``--toolkit-min-age-s`` (a crash; ``0`` kills processes still starting too: a crash loop).
+Kills faster than a process restarts make runs fail ``Replanning.quarantine_after`` times in a row: the device is
 quarantined, no plan can do without it, so it stays and its requests start over on it (a
 request whose every try met a dying process, ``quarantine_after`` + 1 runs, fails: counted as
 ``failed_promised_retry`` here all the same).
@@ -96,7 +97,8 @@ class Tally:
 
     def fail(self, exc: BaseException) -> None:
         self.failed_promised_retry += 1
-        key = f"{type(exc).__name__}: {str(exc)[:90]}"
+        text = str(exc)
+        key = f"{type(exc).__name__}: {text if len(text) <= 200 else text[:100] + ' ... ' + text[-95:]}"
         self.errors[key] = self.errors.get(key, 0) + 1
 
     def add_stats(self, s: Session) -> None:
@@ -370,7 +372,18 @@ async def _load1(s: Session, tally: Tally, first: int, n: int, concurrency: int)
 # -- toolkit_kill --------------------------------------------------------------------------------
 
 
-def _toolkit_children() -> list[int]:
+def _age_s(pid: int) -> float:
+    """Seconds since process ``pid`` started (0 if unknown)."""
+    try:
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        up = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, up - start / os.sysconf("SC_CLK_TCK"))
+
+
+def _toolkit_children(min_age_s: float = 0.0) -> list[int]:
+    """This process's toolkit workers, those started at least ``min_age_s`` ago."""
     pids: list[int] = []
     for task in Path("/proc/self/task").iterdir():
         try:
@@ -380,14 +393,14 @@ def _toolkit_children() -> list[int]:
     out = []
     for p in pids:
         try:
-            if b"_worker_main" in Path(f"/proc/{p}/cmdline").read_bytes():
+            if b"_worker_main" in Path(f"/proc/{p}/cmdline").read_bytes() and _age_s(p) >= min_age_s:
                 out.append(p)
         except OSError:
             continue
     return out
 
 
-async def toolkit_kill(requests: int, every_s: float, concurrency: int) -> dict[str, Any]:
+async def toolkit_kill(requests: int, every_s: float, concurrency: int, min_age_s: float) -> dict[str, Any]:
     from hetsched import resolve_devices
     from hetsched.testing import build_board_tree
 
@@ -414,7 +427,7 @@ async def toolkit_kill(requests: int, every_s: float, concurrency: int) -> dict[
 
         def killer() -> None:
             while not stop.wait(every_s):
-                pids = _toolkit_children()
+                pids = _toolkit_children(min_age_s)  # serving processes: a crash, not a crash loop
                 if pids:
                     pid = random.choice(pids)
                     try:
@@ -477,6 +490,8 @@ def main() -> None:
                     help="toolkit_kill requests per loop (0: skip; needs rknn-toolkit2)")
     ap.add_argument("--toolkit-kill-every-s", type=float, default=2.0,
                     help="seconds between kills (a toolkit process takes about a second to start here)")
+    ap.add_argument("--toolkit-min-age-s", type=float, default=3.0,
+                    help="kill only toolkit processes started this long ago (0: processes still starting too)")
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     a = ap.parse_args()
     if a.per_round < 1 or a.concurrency < 1 or a.kills < 0 or a.slow_ms < 0:
@@ -493,7 +508,8 @@ def main() -> None:
             context_kill, context_n, a.kills, a.concurrency, backend=loop)
         if a.toolkit_requests > 0:
             scenarios[f"toolkit_kill/{loop}"] = anyio.run(
-                toolkit_kill, a.toolkit_requests, a.toolkit_kill_every_s, min(a.concurrency, 8), backend=loop)
+                toolkit_kill, a.toolkit_requests, a.toolkit_kill_every_s, min(a.concurrency, 8),
+                a.toolkit_min_age_s, backend=loop)
     totals = _sum(list(scenarios.values()))
     result = {**totals, "wall_s": round(time.perf_counter() - t0, 1), "targets": TARGETS,
               "scenarios": scenarios}

@@ -196,6 +196,10 @@ class StageRunner:
             except BaseException as exc:
                 err = err or exc
         self._complete(req, st, results, err, inputs, energy, device_error)
+        if device_error and st.stateful and st in self.stages:
+            # the request starts over meanwhile (another worker may take it): this worker builds
+            # its new context now, not with the next request waiting on it (or failing with it)
+            worker.prepare_state(st)
 
     def state_renewed(self) -> None:
         """A worker dropped a dead per-worker state (worker thread)."""

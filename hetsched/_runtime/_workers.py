@@ -169,6 +169,17 @@ class DeviceWorkers:
             return
         self._drop_state(st)
 
+    def prepare_state(self, st: StageRuntime) -> None:
+        """Build this thread's state of ``st`` now if it has none (worker thread): after a device
+        failure dropped it, or its build failed, so that no request waits on the build or fails
+        with it. A failure here is no request's: the next run of ``st`` meets it."""
+        if st in self._local.states:
+            return
+        try:
+            self.state_for(st)
+        except Exception:
+            pass
+
     def _drop_state(self, st: StageRuntime) -> None:
         """Forget and close this thread's state of ``st`` (a dead context; worker thread only).
         Closing it may fail (its process is gone): that is no run's error."""
