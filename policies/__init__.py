@@ -83,7 +83,11 @@ def get_policy(spec: str | PlacementPolicy | Callable[[PlacementProblem], Any] |
                 raise PlacementError("policy 'pinned' needs a device: 'pinned:cpu:0'")
             return Pinned(arg)
         if name == "random":
-            return RandomPolicy(int(arg) if arg else 0)
+            try:
+                seed = int(arg) if arg else 0
+            except ValueError:
+                raise PlacementError(f"policy {spec!r}: the seed of 'random:SEED' must be an integer") from None
+            return RandomPolicy(seed)
         if name in _BUILTIN and not arg:
             return _BUILTIN[name]()
         for ep in entry_points(group="hetsched.policies"):

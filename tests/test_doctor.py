@@ -86,8 +86,9 @@ def test_cli_json_fields_and_exit_status(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_bad_window_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["doctor", "--root", str(tmp_path), "--window", "-1"]) == 1
-    assert "--window" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse's usage error (tests/test_cli_bad_args.py)
+        main(["doctor", "--root", str(tmp_path), "--window", "-1"])
+    assert info.value.code == 2 and "argument --window" in capsys.readouterr().err
 
 
 def test_live_twin_root_says_simulated(tmp_path: Path) -> None:

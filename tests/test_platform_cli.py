@@ -61,8 +61,9 @@ def test_info_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_info_bad_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["info", "--root", str(tmp_path / "missing")]) == 1
-    assert "not a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse's usage error (tests/test_cli_bad_args.py)
+        main(["info", "--root", str(tmp_path / "missing")])
+    assert info.value.code == 2 and "does not exist" in capsys.readouterr().err
 
 
 def test_top_iterations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,8 +78,9 @@ def test_top_iterations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 @pytest.mark.parametrize(("args", "msg"), [(["--interval", "0"], "interval"), (["--iterations", "0"], "iterations")])
 def test_top_bad_args(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], msg: str) -> None:
-    assert main(["top", "--root", str(tmp_path), *args]) == 1
-    assert msg in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # argparse's usage error (tests/test_cli_bad_args.py)
+        main(["top", "--root", str(tmp_path), *args])
+    assert info.value.code == 2 and f"argument --{msg}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("soc", ["rk3588", "orin-nx"])

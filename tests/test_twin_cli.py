@@ -31,7 +31,9 @@ def test_twin_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixtur
         main(["twin", "exynos", "--root", str(tmp_path)])
     assert main(["twin", "rk3588", "--root", str(tmp_path), "--once", "--variant", "jp6"]) == 1
     assert "UnknownSocError" in capsys.readouterr().err
-    assert main(["twin", "rk3588", "--root", str(tmp_path), "--speed", "-1"]) == 1
+    with pytest.raises(SystemExit) as info:  # argparse's usage error (tests/test_cli_bad_args.py)
+        main(["twin", "rk3588", "--root", str(tmp_path), "--speed", "-1"])
+    assert info.value.code == 2 and "argument --speed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

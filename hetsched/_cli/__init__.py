@@ -12,8 +12,12 @@ import sys
 from collections.abc import Sequence
 
 from hetsched._compat import BaseExceptionGroup
+from hetsched._errors import HetschedError
 
 __all__ = ["main"]
+
+# What a user's input or machine can cause (one line, exit 1); anything else is a bug (a traceback).
+_USER_ERRORS = (HetschedError, OSError)
 
 # Order is the order of ``hetsched --help``.
 _SUBCOMMAND_MODULES = (
@@ -54,8 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hetsched._errors import HetschedError
+    """Run one subcommand; the exit status is returned (argparse exits 2 on a usage error).
 
+    Every error a user can cause is one line on stderr, never a traceback: a bad argument is
+    argparse's usage error naming it (exit 2, the validators in ``_common``); a
+    :class:`~hetsched.HetschedError` or an ``OSError`` the OS raised (a full disk, a permission)
+    is ``hetsched: error: NAME: message`` (exit 1), also when a task group wraps it. Anything
+    else is a bug of hetsched's and keeps its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
@@ -63,19 +73,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except HetschedError as exc:
-        print(f"hetsched: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except _USER_ERRORS as exc:
+        _report(exc)
         return 1
     except BaseExceptionGroup as group:
         # A subcommand's task group wraps the error; report hetsched's own errors plainly.
         leaves = _leaves(group)
-        if leaves and all(isinstance(e, HetschedError) for e in leaves):
+        if leaves and all(isinstance(e, _USER_ERRORS) for e in leaves):
             for e in leaves:
-                print(f"hetsched: error: {type(e).__name__}: {e}", file=sys.stderr)
+                _report(e)
             return 1
         raise
     except KeyboardInterrupt:
         return 130
+
+
+def _report(exc: BaseException) -> None:
+    print(f"hetsched: error: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import threading
@@ -21,6 +22,119 @@ if TYPE_CHECKING:
     import onnx
 
 DEFAULT_MODEL = "light_squeezenet"
+
+
+# Argument validators (``type=`` of every numeric and path option, in one place): a bad value is
+# argparse's one-line usage error naming the option (exit 2), never a traceback later (issue 23).
+# tests/test_cli_bad_args.py checks that every numeric option of every subcommand uses one.
+
+
+def _number(text: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (counts: requests, repeats, nodes per unit ...)."""
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive integer (>= 1)")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (warm-up requests, seeds)."""
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 0")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """Any finite number (no ``nan`` or ``inf``)."""
+    return float(_number(text, float))
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (watts, seconds, milliseconds, inches ...)."""
+    value = float(_number(text, float))
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number (> 0)")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a fraction such as an allowed slowdown)."""
+    value = float(_number(text, float))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number >= 0")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in [0, 1]."""
+    value = float(_number(text, float))
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a probability in [0, 1]")
+    return value
+
+
+def policy_spec(text: str) -> str:
+    """A placement policy name as :func:`hetsched.policies.get_policy` reads it (checked here,
+    returned unchanged): ``random:x`` or an unknown name is a usage error."""
+    from hetsched._errors import HetschedError
+    from hetsched.policies import get_policy
+
+    try:
+        get_policy(text)
+    except HetschedError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write: its folder exists and it is not a folder itself."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r}: its folder {str(parent)!r} {what}")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into (made if missing): not an existing file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    return text
+
+
+def existing_dir(text: str) -> str:
+    """A folder that exists (a sysfs root, a calibration folder)."""
+    path = Path(text)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{text!r} {what}")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """A file to read: it exists and is not a folder (a FIFO or device is refused where it is read)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    return text
 
 
 def light_model(name: str) -> Path:
@@ -51,9 +165,9 @@ def add_devices_args(p: argparse.ArgumentParser) -> None:
                         "core plus all cores); on a board (--root DIR of a twin, --soc) also gpu, npu, npu:N, "
                         "dla:N and the board's device names (cluster4, ...); a spec the board lacks is an error "
                         "listing the board's specs")
-    p.add_argument("--policy", default="power-thermal",
+    p.add_argument("--policy", default="power-thermal", type=policy_spec,
                    help="power-thermal (default), heft, random[:SEED], pinned:DEVICE, or an entry point name")
-    p.add_argument("--max-unit-nodes", type=int, default=None, metavar="N",
+    p.add_argument("--max-unit-nodes", type=positive_int, default=None, metavar="N",
                    help="cut unit subgraphs to at most N nodes")
 
 

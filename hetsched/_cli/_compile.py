@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from ._common import add_shape_arg, parse_shapes, require_shapes, resolve_model_arg
+from ._common import add_shape_arg, existing_dir, output_dir, parse_shapes, require_shapes, resolve_model_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default="rk3588", choices=["rk3588"], help="the SoC (default rk3588)")
     add_shape_arg(p)
     add_int8_args(p)
-    p.add_argument("--out", metavar="DIR", required=True, help="where the .rknn files and manifest.json go")
+    p.add_argument("--out", metavar="DIR", required=True, type=output_dir, help="where the .rknn files and manifest.json go")
     p.add_argument("--json", action="store_true", help="print the manifest")
     p.set_defaults(func=main)
 
@@ -59,7 +59,7 @@ class _ProgressLines:
 
 def add_int8_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8", action="store_true", help="quantize NPU stages to INT8 (w8a8); needs --calibration")
-    p.add_argument("--calibration", metavar="DIR",
+    p.add_argument("--calibration", metavar="DIR", type=existing_dir,
                    help="calibration samples: <input>_<k>.npy per graph input (or <k>.npy for one input)")
 
 
@@ -67,6 +67,7 @@ def calibration_arg(args: argparse.Namespace, model: Any, prog: str) -> list[dic
     """The feeds of ``--calibration DIR`` when ``--int8`` is given (else None).
 
     :raises ModelError: the directory holds no complete sample.
+    :raises InputError: a sample's array has a shape the model's input (or ``--shape``) does not take.
     """
     if not args.int8:
         return None
@@ -77,7 +78,23 @@ def calibration_arg(args: argparse.Namespace, model: Any, prog: str) -> list[dic
 
     m = load_model(model)
     inits = {t.name for t in m.graph.initializer}
-    return load_calibration_dir(args.calibration, [i.name for i in m.graph.input if i.name not in inits])
+    inputs = [i for i in m.graph.input if i.name not in inits]
+    feeds = load_calibration_dir(args.calibration, [i.name for i in inputs])
+    shapes = parse_shapes(args.shape, prog)
+    for vi in inputs:
+        fixed = shapes.get(vi.name)
+        dims = vi.type.tensor_type.shape.dim
+        want: tuple[int | None, ...] = fixed or tuple(
+            int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims)
+        for k, feed in enumerate(feeds):
+            got = tuple(feed[vi.name].shape)
+            if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got, strict=False)):
+                from hetsched._errors import InputError
+
+                shown = ["?" if w is None else w for w in want]
+                raise InputError(f"--calibration {args.calibration}: sample {k} (in file-name order) gives input "
+                                 f"{vi.name!r} the shape {list(got)}; the model takes {shown}")
+    return feeds
 
 
 def with_accuracy(session: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,7 +14,16 @@ import time
 
 import anyio
 
-from ._common import DEFAULT_MODEL, add_devices_args, light_model, random_feeds, select_devices, soc_devices
+from ._common import (
+    DEFAULT_MODEL,
+    add_devices_args,
+    existing_dir,
+    light_model,
+    positive_int,
+    random_feeds,
+    select_devices,
+    soc_devices,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--soc", metavar="SOC", help="place and run on a simulated board (SoC twin): rk3588, orin-nx, "
                    "orin-agx, orin-nano; prints each stage's modelled time and energy; with --devices, some of "
                    "its devices (cluster4, gpu, npu, dla:0, big, ...)")
-    p.add_argument("--root", metavar="DIR", help="place and run on the board whose sysfs tree is under DIR (a twin's "
+    p.add_argument("--root", metavar="DIR", type=existing_dir, help="place and run on the board whose sysfs tree is under DIR (a twin's "
                    "root, see 'hetsched twin'); with --devices, some of its devices")
-    p.add_argument("--requests", type=int, default=20, metavar="N")
+    p.add_argument("--requests", type=positive_int, default=20, metavar="N")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of tables")
     p.set_defaults(func=main)
 

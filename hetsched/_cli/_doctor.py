@@ -22,16 +22,18 @@ _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 
 
 def register(subparsers: Any) -> None:
+    from ._common import existing_dir, non_negative_float
+
     p = subparsers.add_parser(
         "doctor",
         help="check a board (or twin root) for clock caps, nvpmodel, thermal trouble, sensors, SDKs",
         description="Check a board or twin root and print findings, each with a fix hint.",
     )
-    p.add_argument("--root", default="/", metavar="DIR", help="sysfs root (default /)")
+    p.add_argument("--root", default="/", metavar="DIR", type=existing_dir, help="sysfs root (default /)")
     p.add_argument("--json", action="store_true", help="print a JSON list of findings")
     p.add_argument("--probe", action="store_true",
                    help="write one harmless value to each clock domain and restore it (needs write permission)")
-    p.add_argument("--window", type=float, default=3.0, metavar="S",
+    p.add_argument("--window", type=non_negative_float, default=3.0, metavar="S",
                    help="seconds of telemetry for oscillation and flaky sensors (default 3; 0: one sample)")
     p.add_argument("--all", action="store_true", help="also print the checks that passed")
     p.add_argument("--restore-clocks", action="store_true",

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ._common import existing_dir
+
 __all__ = ["register"]
 
 
@@ -15,7 +17,7 @@ def register(subparsers: Any) -> None:
         help="describe the board (SoC, CPU clusters, GPU/NPU/memory clocks, thermal zones, power rails)",
         description="Discover the board under a sysfs root (the real one, or a twin's) and print it.",
     )
-    parser.add_argument("--root", default="/", metavar="DIR", help="sysfs root: '/' on a board, or a twin's root (default /)")
+    parser.add_argument("--root", default="/", metavar="DIR", type=existing_dir, help="sysfs root: '/' on a board, or a twin's root (default /)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 

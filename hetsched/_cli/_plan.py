@@ -20,6 +20,7 @@ from ._common import (
     add_devices_args,
     add_shape_arg,
     compile_progress_hooks,
+    existing_dir,
     parse_shapes,
     require_shapes,
     resolve_model_arg,
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="partition and place a model; print the placement table")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_resnet50)")
     add_devices_args(p)
-    p.add_argument("--root", metavar="DIR", help="plan for the board whose sysfs tree is under DIR (a twin's root): "
+    p.add_argument("--root", metavar="DIR", type=existing_dir, help="plan for the board whose sysfs tree is under DIR (a twin's root): "
                    "its devices (notes say what the default list leaves out); with --devices, some of them "
                    "(gpu, npu:0, dla:1, big, cluster4, ...)")
     add_shape_arg(p)

@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import Any
 
+from ._common import finite_float, output_file, positive_float, positive_int
+
 __all__ = ["register"]
 
 
@@ -24,37 +26,17 @@ def register(subparsers: Any) -> None:
                     "phases shaded, re-plans marked.",
     )
     parser.add_argument("trace", metavar="TRACE", help="the trace file (Chrome trace event JSON)")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+    parser.add_argument("-o", "--output", required=True, metavar="FILE", type=output_file,
                         help="image to write: PNG (or SVG/PDF by the file's suffix)")
-    parser.add_argument("--width", type=_positive, default=13.0, metavar="IN",
+    parser.add_argument("--width", type=positive_float, default=13.0, metavar="IN",
                         help="figure width in inches (default 13); the height follows the panels")
-    parser.add_argument("--dpi", type=_positive_int, default=110, metavar="N", help="pixels per inch (default 110)")
-    parser.add_argument("--from", dest="start", type=float, default=None, metavar="S",
+    parser.add_argument("--dpi", type=positive_int, default=110, metavar="N", help="pixels per inch (default 110)")
+    parser.add_argument("--from", dest="start", type=finite_float, default=None, metavar="S",
                         help="show the trace from S seconds after its first event (default: its start)")
-    parser.add_argument("--to", dest="end", type=float, default=None, metavar="S",
+    parser.add_argument("--to", dest="end", type=finite_float, default=None, metavar="S",
                         help="show the trace up to S seconds after its first event (default: its end)")
     parser.add_argument("--title", default=None, help="figure title (default: file name, duration, runs, re-plans)")
     parser.set_defaults(func=run)
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer: {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,7 +35,9 @@ from ._common import (
     add_devices_args,
     add_shape_arg,
     compile_progress_hooks,
+    existing_dir,
     parse_shapes,
+    positive_int,
     random_feeds,
     require_shapes,
     resolve_model_arg,
@@ -60,10 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "sits where it is")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_squeezenet)")
     add_devices_args(p)
-    p.add_argument("--root", metavar="DIR", help="profile on the board whose sysfs tree is under DIR (a twin's "
+    p.add_argument("--root", metavar="DIR", type=existing_dir, help="profile on the board whose sysfs tree is under DIR (a twin's "
                    "root): its devices, simulated (modelled times); with --devices, some of them (gpu, big, ...)")
     add_shape_arg(p)
-    p.add_argument("--repeats", type=int, default=5, metavar="N",
+    p.add_argument("--repeats", type=positive_int, default=5, metavar="N",
                    help="timed runs per unit and device, after one warm-up (default 5)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--progress", action="store_true", help="force the progress bar (default: when stderr is a terminal)")
@@ -224,8 +226,6 @@ def main(args: argparse.Namespace) -> int:
 
     from ._profile_report import build_report, capability_gap, format_report
 
-    if args.repeats < 1:
-        raise SystemExit("hetsched profile: --repeats must be >= 1")
     shapes = parse_shapes(args.shape, "hetsched profile")
     require_shapes(resolve_model_arg(args.model), shapes, "hetsched profile's inputs")
     devices = select_devices(args.devices, args.root)

@@ -21,6 +21,8 @@ import json
 import sys
 from typing import Any
 
+from ._common import existing_dir
+
 __all__ = ["register", "run"]
 
 
@@ -30,7 +32,7 @@ def register(subparsers: Any) -> None:
         help="write back the clocks a hetsched governor that died left changed",
         description="Restore the clock knobs a hetsched governor saved and could not put back itself.",
     )
-    p.add_argument("--root", default="/", metavar="DIR", help="sysfs root (default /)")
+    p.add_argument("--root", default="/", metavar="DIR", type=existing_dir, help="sysfs root (default /)")
     p.add_argument("--json", action="store_true", help="print the outcome as one JSON object")
     p.add_argument("--force", action="store_true", help="restore even if the governor that saved them still runs (holds the governor lock)")
     p.set_defaults(func=run)

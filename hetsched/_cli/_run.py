@@ -38,7 +38,14 @@ from ._common import (
     add_shape_arg,
     compare_outputs,
     compile_progress_hooks,
+    existing_dir,
+    existing_file,
+    non_negative_float,
+    non_negative_int,
+    output_file,
     parse_shapes,
+    positive_float,
+    positive_int,
     random_feeds,
     reference_outputs,
     require_shapes,
@@ -63,9 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run requests through a model (random inputs)")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name")
     add_devices_args(p)
-    p.add_argument("--requests", type=int, default=20, metavar="N", help="number of requests (default 20)")
-    p.add_argument("--concurrency", type=int, default=1, metavar="K", help="requests in flight at once")
-    p.add_argument("--warmup", type=int, default=WARMUP_REQUESTS, metavar="N",
+    p.add_argument("--requests", type=positive_int, default=20, metavar="N", help="number of requests (default 20)")
+    p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once")
+    p.add_argument("--warmup", type=non_negative_int, default=WARMUP_REQUESTS, metavar="N",
                    help=f"requests run first and left out of the latency figures (toolkit contexts starting, "
                         f"caches filling; default {WARMUP_REQUESTS}, like trtexec's --warmUp)")
     p.add_argument("--stream", action="store_true",
@@ -78,11 +85,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--progress", action="store_true",
                    help="force the progress bar, and print a line per stage compile from the first one")
     add_compile_progress_args(p, progress_flag=False)
-    p.add_argument("--root", metavar="DIR", help="run on the board whose sysfs tree is under DIR (a twin's root): "
+    p.add_argument("--root", metavar="DIR", type=existing_dir, help="run on the board whose sysfs tree is under DIR (a twin's root): "
                    "its devices are simulated (the RK3588 NPU is the RKNN backend's), stages report modelled "
                    "time and energy at the tree's clocks; with --devices, some of them (gpu, npu:0, dla:1, big, "
                    "cluster4, ...); --root / is this host's real cores")
-    p.add_argument("--trace", metavar="PATH",
+    p.add_argument("--trace", metavar="PATH", type=output_file,
                    help="write a Chrome trace event JSON file of the run (open it in https://ui.perfetto.dev or "
                         "chrome://tracing): stage runs per device thread, requests, transfers, governor phases, "
                         "re-plans and, with --root, clock/temperature/power counters; closed also on SIGTERM/SIGINT")
@@ -94,23 +101,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--governor", choices=("none", "phase"), default="none",
                    help="phase: hetsched's phase-aware governor sets the board's clocks per inference phase and "
                         "restores every knob at the end, also on SIGTERM/SIGINT")
-    g.add_argument("--slowdown", type=float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
-    g.add_argument("--power-budget", type=float, default=None, metavar="W",
+    g.add_argument("--slowdown", type=non_negative_float, default=0.05, metavar="F", help="allowed slowdown (default 0.05)")
+    g.add_argument("--power-budget", type=positive_float, default=None, metavar="W",
                    help="power budget in watts (board input): the tuned clocks fill it and stay under it; while "
                         "auto-tuning, a watched probe may cross it by a few percent for one unit of work")
     g.add_argument("--strict-budget", action="store_true",
                    help="with --power-budget: no probe beyond the tuner's slope bounds, never over the budget "
                         "while tuning either (a hard supply limit), at the price of part of it")
-    p.add_argument("--frame-deadline-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--frame-deadline-ms", type=positive_float, default=None, metavar="MS",
                    help="frame-paced work: one request per frame period (--frame-period-ms, default MS), each "
                         "due within MS (board time on a twin's devices), misses counted (deadline_misses); with "
                         "--governor phase one request's phases may take up to MS (instead of --slowdown): the "
                         "governor finds the least energy that still meets it")
-    p.add_argument("--frame-period-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--frame-period-ms", type=positive_float, default=None, metavar="MS",
                    help="frame period of --frame-deadline-ms (default: the deadline)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log the governor's decisions to stderr (as --dry-run does)")
-    g.add_argument("--governor-profile", metavar="PATH",
+    g.add_argument("--governor-profile", metavar="PATH", type=existing_file,
                    help="JSON profile to load if it exists, and to save what auto-tune learned to")
     g.add_argument("--dry-run", action="store_true",
                    help="decide clock changes and log each to stderr (phase, domain, from -> to, why), write nothing")
@@ -183,11 +190,6 @@ def main(args: argparse.Namespace) -> int:
 
     from hetsched import Session
 
-    if args.requests < 1:
-        raise SystemExit("hetsched run: --requests must be >= 1")
-    if args.warmup < 0:
-        raise SystemExit(f"hetsched run: --warmup {args.warmup}: must be >= 0")
-
     shapes = parse_shapes(args.shape, "hetsched run")
     require_shapes(resolve_model_arg(args.model), shapes, "hetsched run's inputs")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched run")
@@ -198,13 +200,8 @@ def main(args: argparse.Namespace) -> int:
     if args.strict_budget and (args.power_budget is None or args.governor == "none"):
         raise SystemExit("hetsched run: --strict-budget needs --governor phase and --power-budget W")
     period_ms = args.frame_period_ms if args.frame_period_ms is not None else args.frame_deadline_ms
-    # (governed, GovernorConfig itself names a bad deadline: loop_deadline_s)
-    if args.frame_deadline_ms is not None and args.governor == "none" and not args.frame_deadline_ms > 0:
-        raise SystemExit(f"hetsched run: --frame-deadline-ms {args.frame_deadline_ms}: must be > 0")
     if period_ms is not None and args.frame_deadline_ms is None:
         raise SystemExit("hetsched run: --frame-period-ms needs --frame-deadline-ms")
-    if args.frame_period_ms is not None and not args.frame_period_ms > 0:
-        raise SystemExit(f"hetsched run: --frame-period-ms {args.frame_period_ms}: must be > 0")
     if period_ms is not None and (args.stream or args.concurrency != 1):
         raise SystemExit("hetsched run: --frame-deadline-ms paces one request per frame (no --stream, --concurrency 1)")
     signalled: list[int] = []

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from ._common import output_dir
+
 __all__ = ["register"]
 
 
@@ -34,7 +36,7 @@ def register(subparsers: Any) -> None:
                       help=f"the torch requirement (default: the toolkit's pin {DEFAULT_TORCH!r})")
     rknn.add_argument("--python", default=sys.executable, metavar="PY",
                       help="interpreter to make the venv from, Python 3.8-3.12 (default: this one)")
-    rknn.add_argument("--dir", default=None, metavar="DIR",
+    rknn.add_argument("--dir", default=None, metavar="DIR", type=output_dir,
                       help="where to create it (default: $XDG_CACHE_HOME/hetsched/rknn-toolkit2-VERSION)")
     rknn.set_defaults(func=run_rknn)
 

@@ -27,15 +27,17 @@ _CLEAR = "\x1b[H\x1b[2J"
 
 
 def register(subparsers: Any) -> None:
+    from ._common import existing_dir, positive_float, positive_int
+
     parser = subparsers.add_parser(
         "top",
         help="live view of clocks, utilisation, temperatures and power (like tegrastats/jtop)",
         description="Sample the board under a sysfs root periodically and print what it does.",
     )
-    parser.add_argument("--root", default="/", metavar="DIR", help="sysfs root (default /)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between frames (default 1)")
+    parser.add_argument("--root", default="/", metavar="DIR", type=existing_dir, help="sysfs root (default /)")
+    parser.add_argument("--interval", type=positive_float, default=1.0, metavar="S", help="seconds between frames (default 1)")
     parser.add_argument(
-        "--iterations", type=int, default=None, metavar="N", help="print N frames and exit (default: until Ctrl-C)"
+        "--iterations", type=positive_int, default=None, metavar="N", help="print N frames and exit (default: until Ctrl-C)"
     )
     parser.set_defaults(func=run)
 

@@ -7,6 +7,8 @@ import signal
 import sys
 from typing import Any
 
+from ._common import finite_float, non_negative_int, output_dir, positive_float, probability
+
 __all__ = ["register"]
 
 
@@ -25,14 +27,14 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("soc", choices=known_socs(), metavar="SOC", help=f"one of: {', '.join(known_socs())}")
-    p.add_argument("--root", required=True, help="directory to write the tree into (sys/, proc/, etc/ below it)")
+    p.add_argument("--root", required=True, type=output_dir, help="directory to write the tree into (sys/, proc/, etc/ below it)")
     p.add_argument("--variant", default=None, help="rk3588: vendor|mainline; orin-*: jp6|jp5")
     p.add_argument("--once", action="store_true", help="write one consistent snapshot and exit")
-    p.add_argument("--speed", type=float, default=1.0, help="board seconds per wall second (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="sensor-noise seed")
-    p.add_argument("--period", type=float, default=0.1, help="wall seconds between updates (default 0.1)")
-    p.add_argument("--ambient", type=float, default=25.0, help="ambient temperature in C")
-    p.add_argument("--flaky", type=float, default=0.0, help="probability a zone's temp is unreadable per update")
+    p.add_argument("--speed", type=positive_float, default=1.0, help="board seconds per wall second (default 1)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="sensor-noise seed")
+    p.add_argument("--period", type=positive_float, default=0.1, help="wall seconds between updates (default 0.1)")
+    p.add_argument("--ambient", type=finite_float, default=25.0, help="ambient temperature in C")
+    p.add_argument("--flaky", type=probability, default=0.0, help="probability a zone's temp is unreadable per update")
     p.set_defaults(func=_main)
 
 
