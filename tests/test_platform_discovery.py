@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hetsched._errors import GovernorError, SysfsError, UnsupportedFrequencyError, UnsupportedGovernorError
+from hetsched._errors import GovernorError, UnsupportedFrequencyError, UnsupportedGovernorError
 from hetsched._platform import SysfsRoot, cpufreq, devfreq, discover, jetson, power, rknpu, thermal
 
 from _platform_trees import Link, orin_nx_tree, rk3588_tree, write_tree
@@ -254,11 +254,29 @@ def test_discover_host_root_does_not_crash() -> None:
     assert set(d) >= {"soc", "cpu_clusters", "devices", "thermal_zones", "power_rails"}
 
 
-def test_discover_refuses_link_out_of_root(tmp_path: Path) -> None:
+def test_discover_skips_links_out_of_root_and_reports_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 23 item 8: one link leading out of the root (a devfreq node, a thermal zone, a cpufreq
+    # policy, one value file) stopped discovery; it is skipped, never followed, and noted as the
+    # PathOutsideRootError it is.
     root = write_tree(tmp_path / "r", rk3588_tree())
     (root / "sys/class/devfreq/evil").symlink_to("/etc")
-    with pytest.raises(SysfsError, match="outside the root"):
-        discover(root)
+    zone1 = root / "sys/class/thermal/thermal_zone1"
+    zone1.unlink()
+    zone1.symlink_to("/etc")
+    (root / "sys/devices/system/cpu/cpufreq/policy9").symlink_to("/etc")
+    cur = root / "sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq"
+    cur.unlink()
+    cur.symlink_to("/etc/hostname")
+    fs = SysfsRoot(root)
+    with caplog.at_level("WARNING", logger="hetsched.platform"):
+        p = discover(fs)
+    assert len(p.thermal_zones) == 6 and len(p.cpu_clusters) == 3
+    assert {d.name for d in devfreq.read_devices(fs)} == {"fb000000.gpu", "fdab0000.npu", "dmc", "fdd90000.vop"}
+    bad = fs.unreadable()
+    assert {"sys/class/devfreq/evil", "sys/class/thermal/thermal_zone1",
+            "sys/devices/system/cpu/cpufreq/policy9"} <= set(bad)
+    assert all(why.startswith("PathOutsideRootError") for why in bad.values())
+    assert "PathOutsideRootError" in caplog.text
 
 
 # -- every twin board profile and variant ---------------------------------------------------

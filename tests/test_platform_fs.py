@@ -56,28 +56,37 @@ def test_symlink_escaping_root_is_refused_before_touching(tree: Path, tmp_path: 
     os.symlink("../../../secret", tree / "sys/kernel/escape")  # root/sys/kernel -> tmp_path
     fs = SysfsRoot(tree)
     with pytest.raises(PathOutsideRootError, match="outside the root") as info:
-        fs.read_text("sys/kernel/escape")
+        fs.resolve("sys/kernel/escape")
     assert isinstance(info.value, HetschedError) and isinstance(info.value, ValueError)
     with pytest.raises(PathOutsideRootError):
         fs.write_text("sys/kernel/escape", "pwned")
     assert secret.read_text() == "do not read\n"  # nothing written
-    with pytest.raises(PathOutsideRootError):
-        fs.exists("sys/kernel/escape")
+    # A read, an exists, a listdir: the link is not there (unreadable), nothing outside is opened.
+    assert fs.read_text("sys/kernel/escape") is None
+    assert not fs.exists("sys/kernel/escape") and not fs.is_dir("sys/kernel/escape")
+    assert fs.listdir("sys/kernel/escape") == []
+    assert list(fs.unreadable()) == ["sys/kernel/escape"]
+    assert fs.unreadable()["sys/kernel/escape"].startswith("PathOutsideRootError: ")
+    assert fs.statistics().unreadable_reads == 4
 
 
 def test_absolute_symlink_out_of_root_is_refused(tree: Path, tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     target.write_text("1\n")
     os.symlink(target, tree / "sys/kernel/abs")
+    fs = SysfsRoot(tree)
+    assert fs.read_text("sys/kernel/abs") is None
+    assert "PathOutsideRootError" in fs.unreadable()["sys/kernel/abs"]
     with pytest.raises(PathOutsideRootError):
-        SysfsRoot(tree).read_text("sys/kernel/abs")
+        fs.realpath("sys/kernel/abs")
 
 
 def test_dotdot_is_refused(tree: Path, tmp_path: Path) -> None:
     (tmp_path / "outside").write_text("x")
     fs = SysfsRoot(tree)
+    assert fs.read_text("sys/../../outside") is None
     with pytest.raises(PathOutsideRootError):
-        fs.read_text("sys/../../outside")
+        fs.resolve("sys/../../outside")
     with pytest.raises(PathOutsideRootError):
         fs.write_text("../outside", "y")
     assert (tmp_path / "outside").read_text() == "x"
@@ -115,8 +124,8 @@ def test_resolved_path_refuses_a_symlink_swapped_in(tree: Path, tmp_path: Path) 
     target.write_text("7\n")
     os.unlink(resolved.path)
     os.symlink(target, resolved.path)
-    with pytest.raises(SysfsError):
-        fs.read_int(resolved)  # O_NOFOLLOW: ELOOP, not a read of the secret
+    assert fs.read_int(resolved) is None  # O_NOFOLLOW: ELOOP, not a read of the secret
+    assert "symbolic link" in fs.unreadable()["sys/class/thermal/thermal_zone0/temp"]
 
 
 def test_eagain_from_a_real_fifo_reads_as_none(tree: Path) -> None:
@@ -176,9 +185,37 @@ def test_permission_error_injected(tree: Path, failing_read: list[int]) -> None:
     assert isinstance(info.value.__cause__, PermissionError)
 
 
-def test_directory_read_is_a_sysfs_error(tree: Path) -> None:
-    with pytest.raises(SysfsError, match="thermal_zone0"):
-        SysfsRoot(tree).read_text("sys/class/thermal/thermal_zone0")
+def test_a_directory_where_a_value_belongs_is_unreadable_once(tree: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 23 item 8: a directory in place of a value file stopped every tool (SysfsError).
+    temp = tree / "sys/class/thermal/thermal_zone0/temp"
+    temp.unlink()
+    temp.mkdir()
+    fs = SysfsRoot(tree)
+    with caplog.at_level("WARNING", logger="hetsched.platform"):
+        assert [fs.read_int("sys/class/thermal/thermal_zone0/temp") for _ in range(3)] == [None] * 3
+        resolved = fs.resolve("sys/class/thermal/thermal_zone0/temp")
+        assert fs.read_bytes(resolved) is None  # the hot loop's pre-resolved path too
+    assert fs.unreadable() == {"sys/class/thermal/thermal_zone0/temp": "is a directory"}
+    assert fs.statistics().unreadable_reads == 4
+    assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == 1  # reported once
+    with pytest.raises(SysfsError, match="thermal_zone0"):  # a write is not lenient
+        fs.write_text("sys/class/thermal/thermal_zone0/temp", 1)
+
+
+def test_an_endless_node_is_read_bounded(tree: Path) -> None:
+    # A character device planted where a value belongs (/dev/zero, linked inside the root by a
+    # bind in a real fake tree; here the root's own copy via a link that stays inside).
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero on this host")
+    dev = tree / "dev"
+    dev.mkdir()
+    try:
+        os.mknod(dev / "zero", 0o644 | 0o020000, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    fs = SysfsRoot(tree)
+    assert fs.read_bytes("dev/zero") is None
+    assert "more than" in fs.unreadable()["dev/zero"]
 
 
 _UNPRIVILEGED = textwrap.dedent(

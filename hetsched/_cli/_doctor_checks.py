@@ -328,11 +328,19 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def check_sensors(sensors: Sequence[SensorRead]) -> list[Finding]:
+def check_sensors(sensors: Sequence[SensorRead], unreadable: Mapping[str, str] | None = None) -> list[Finding]:
     """Unreadable (permission), garbage (not a number, out of any physical range) or flaky
     (some reads fail, some do not) sensor files. A zone that never reads (a fused-off Orin
-    cv zone: ``-256000`` or EAGAIN every time) is offline, not flaky."""
+    cv zone: ``-256000`` or EAGAIN every time) is offline, not flaky. ``unreadable``: files that
+    can hold no value (a directory, a link out of the root: ``SysfsRoot.unreadable``), one
+    finding each."""
     out: list[Finding] = []
+    for path, why in (unreadable or {}).items():
+        outside = why.startswith("PathOutsideRootError")
+        out.append(Finding("sensors", "fail", path, f"unreadable: {why}",
+                           "a link leading out of the root: hetsched never follows it; remove the link"
+                           if outside else "not a value file (a directory or a device node where the kernel "
+                           "puts a value): hetsched treats it as absent; fix or remove it"))
     fine = 0
     for s in sensors:
         if s.denied:

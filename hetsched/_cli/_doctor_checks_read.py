@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import HetschedError, SysfsPermissionError
+from .._errors import HetschedError, PathOutsideRootError, SysfsPermissionError
 from .._governor._published import RUN_DIR, SAVED_FILE, Published, decode_knobs, pid_alive, read_published
 from .._platform import cpufreq, devfreq, thermal
 from .._platform._fs import SysfsRoot
@@ -72,10 +72,25 @@ class BoardReading:
     ungovernable: Mapping[str, str] = field(default_factory=dict)
     sdk: SdkState = field(default_factory=lambda: SdkState(None))
     probe: tuple[ProbeResult, ...] | None = None
+    unreadable: Mapping[str, str] = field(default_factory=dict)
+    """Files that could hold no value (``SysfsRoot.unreadable``): a directory, a link out of the root."""
+
+
+def _exists(fs: SysfsRoot, rel: str) -> bool:
+    """``fs.exists``; a link out of the root is not there (noted as unreadable, never followed)."""
+    try:
+        return fs.exists(rel)
+    except PathOutsideRootError as exc:
+        fs.note_unreadable(rel, exc)
+        return False
 
 
 def _writable(fs: SysfsRoot, rel: str, euid: int) -> bool:
-    path = fs.resolve(rel).path
+    try:
+        path = fs.resolve(rel).path
+    except PathOutsideRootError as exc:
+        fs.note_unreadable(rel, exc)
+        return False
     try:
         st = os.stat(path)
     except OSError:
@@ -103,7 +118,7 @@ def _domains(fs: SysfsRoot, euid: int) -> tuple[list[DomainLimits], dict[str, tu
             None if pol.max_khz is None else pol.max_khz * 1000, pol.governor,
             max_path=f"{pol.path}/scaling_max_freq", hw_max_text=str(hw)))
         files = [f"{pol.path}/{k}" for k in ("scaling_governor", "scaling_min_freq", "scaling_max_freq")]
-        knobs[pol.name] = tuple((p, _writable(fs, p, euid)) for p in files if fs.exists(p))
+        knobs[pol.name] = tuple((p, _writable(fs, p, euid)) for p in files if _exists(fs, p))
     for dev in devfreq.read_devices(fs):
         if dev.kind not in ("gpu", "npu", "memory") or dev.kind in knobs:
             continue
@@ -113,8 +128,8 @@ def _domains(fs: SysfsRoot, euid: int) -> tuple[list[DomainLimits], dict[str, tu
         limits.append(DomainLimits(dev.kind, dev.path, dev.available_hz[-1], dev.min_hz, dev.max_hz, dev.governor,
                                    max_path=f"{dev.path}/max_freq", hw_max_text=str(dev.available_hz[-1])))
         files = [f"{dev.path}/{k}" for k in ("governor", "min_freq", "max_freq")]
-        knobs[dev.kind] = tuple((p, _writable(fs, p, euid)) for p in files if fs.exists(p))
-    if "memory" not in knobs and fs.exists(f"{EMC_DIR}/rate"):
+        knobs[dev.kind] = tuple((p, _writable(fs, p, euid)) for p in files if _exists(fs, p))
+    if "memory" not in knobs and _exists(fs, f"{EMC_DIR}/rate"):
         emc_hw = fs.read_int(f"{EMC_DIR}/max_rate")
         cap = fs.read_int(EMC_CAP) or None
         limits.append(DomainLimits(
@@ -130,7 +145,7 @@ def _read_raw(fs: SysfsRoot, rel: str) -> str | None:
     """Raw text; ``""`` for an empty or flaky read; None when absent. Raises SysfsPermissionError."""
     data = fs.read_bytes(rel)
     if data is None:
-        return "" if fs.exists(rel) else None
+        return "" if _exists(fs, rel) else None
     return data.decode("utf-8", "replace")
 
 
@@ -310,6 +325,7 @@ def read_board(
         nvpmodel=_nvpmodel(fs), published=published, alive=alive_of, changed=tuple(changed),
         knobs=knobs, ungovernable=skipped, sdk=sdk if sdk is not None else read_sdks(),
         probe=_probe(fs, settle_s=probe_settle_s, sleep=sleep, clock=clock) if probe else None,
+        unreadable=fs.unreadable(),
     )
 
 
@@ -324,7 +340,7 @@ def findings(r: BoardReading) -> list[Finding]:
         out += check_probe(r.probe)
     out += check_nvpmodel(jetson=r.jetson, **r.nvpmodel)
     out += check_thermal(r.zones)
-    out += check_sensors(r.sensors)
+    out += check_sensors(r.sensors, r.unreadable)
     out += check_dead_governor(state=r.published.state, saved=r.published.saved, alive=r.alive, changed=r.changed,
                                errors=r.published.errors, saved_path=f"{RUN_DIR}/{SAVED_FILE}")
     out += check_permissions(r.knobs, governable=r.ungovernable)

@@ -15,8 +15,22 @@ Error policy (the same for every subsystem module):
   rail-gated or fused-off sensor (Orin ``cv*-thermal`` zones fail with
   ``EAGAIN``; INA3221 reads can fail with ``EIO`` on i2c noise). The read returns
   ``None`` for this sample and the event is counted in :meth:`SysfsRoot.statistics`;
+* a value file that cannot hold a value -- a **directory** where the value should be, a
+  **link leading out of the root** (refused as :class:`~hetsched.PathOutsideRootError`, nothing
+  opened), a link swapped in after resolution (``ELOOP``), more than :data:`MAX_VALUE_BYTES` of
+  content (a device node planted in a fake tree) -- is **unreadable**, exactly like a FIFO or
+  garbage: the read returns ``None``, is counted, logged once per file and listed by
+  :meth:`SysfsRoot.unreadable` (``doctor`` reports them, the error class named), so one odd
+  file never stops ``run``, ``info``, ``top`` or ``doctor``;
 * ``EACCES``/``EPERM``: :class:`~hetsched.SysfsPermissionError` naming the path;
 * any other ``OSError``: :class:`~hetsched.SysfsError` naming the path.
+
+Writes never take that leniency: writing through a link out of the root raises
+:class:`~hetsched.PathOutsideRootError` before anything is opened, a directory raises
+:class:`~hetsched.SysfsError`. A link out of the root is not there for
+:meth:`SysfsRoot.exists`, :meth:`~SysfsRoot.is_dir` and :meth:`~SysfsRoot.listdir` (noted the same
+way); :meth:`~SysfsRoot.resolve` and :meth:`~SysfsRoot.realpath` raise
+:class:`~hetsched.PathOutsideRootError` (discovery uses :meth:`~SysfsRoot.contained` and skips it).
 
 All of them are raised ``from`` the original ``OSError``. Reads open files with
 ``O_NONBLOCK`` so a misbehaving node (a FIFO in a fake tree, say) can never hang
@@ -40,7 +54,15 @@ from pathlib import Path
 
 from .._errors import PathOutsideRootError, SysfsError, SysfsPermissionError
 
-__all__ = ["FLAKY_ERRNOS", "ResolvedPath", "SysfsRoot", "SysfsStatistics", "parse_int", "parse_name"]
+__all__ = [
+    "FLAKY_ERRNOS",
+    "MAX_VALUE_BYTES",
+    "ResolvedPath",
+    "SysfsRoot",
+    "SysfsStatistics",
+    "parse_int",
+    "parse_name",
+]
 
 log = logging.getLogger("hetsched.platform")
 
@@ -50,6 +72,12 @@ FLAKY_ERRNOS: frozenset[int] = frozenset(
 )
 _ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+# A directory where a value belongs; a link swapped in after resolution (O_NOFOLLOW).
+_UNREADABLE_ERRNOS = frozenset({errno.EISDIR, errno.ELOOP})
+#: The most bytes a value file may hold: sysfs attributes are one page, /proc/stat and
+#: /proc/cpuinfo of a many-core host a few hundred KiB. More is no value (``/dev/zero``
+#: planted in a fake tree) and the read stops there instead of growing without bound.
+MAX_VALUE_BYTES = 4 * 1024 * 1024
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 # A resolved path has no symlink left in it; refusing one at open time means a
@@ -118,6 +146,9 @@ class SysfsStatistics:
     """Reads that failed with a flaky-sensor errno and returned ``None``."""
     garbage_reads: int = 0
     """Reads whose content was no value (see :meth:`SysfsRoot.note_garbage`)."""
+    unreadable_reads: int = 0
+    """Reads of a file that cannot hold a value: a directory, a link out of the root, an
+    oversized node (see :meth:`SysfsRoot.unreadable`)."""
 
 
 class SysfsRoot:
@@ -127,7 +158,8 @@ class SysfsRoot:
     :raises SysfsError: ``root`` does not exist or is not a directory.
     """
 
-    __slots__ = ("_flaky", "_garbage", "_noted", "_prefix", "_reads", "_root", "_writes")
+    __slots__ = ("_flaky", "_garbage", "_noted", "_prefix", "_reads", "_root", "_unreadable", "_unreadable_n",
+                 "_writes")
 
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         real = os.path.realpath(os.fspath(root))
@@ -140,6 +172,8 @@ class SysfsRoot:
         self._flaky = 0
         self._garbage = 0
         self._noted: set[str] = set()
+        self._unreadable: dict[str, str] = {}
+        self._unreadable_n = 0
 
     # -- paths ----------------------------------------------------------------
 
@@ -195,20 +229,36 @@ class SysfsRoot:
     # -- queries ----------------------------------------------------------------
 
     def exists(self, rel: str | ResolvedPath) -> bool:
-        """True when ``rel`` exists inside the root. :raises PathOutsideRootError:."""
-        return os.path.exists(self.resolve(rel).path)
+        """True when ``rel`` exists inside the root; False for a link leading out of it (nothing
+        there is looked at; noted as unreadable, see :meth:`unreadable`)."""
+        path = self.contained(rel)
+        return path is not None and os.path.exists(path.path)
 
     def is_dir(self, rel: str | ResolvedPath) -> bool:
-        """True when ``rel`` is a directory inside the root. :raises PathOutsideRootError:."""
-        return os.path.isdir(self.resolve(rel).path)
+        """True when ``rel`` is a directory inside the root; False for a link leading out of it
+        (noted as unreadable)."""
+        path = self.contained(rel)
+        return path is not None and os.path.isdir(path.path)
+
+    def contained(self, rel: str | ResolvedPath) -> ResolvedPath | None:
+        """:meth:`resolve`, or None when ``rel`` leads out of the root: discovery and telemetry
+        skip such a path (noted once as the :class:`~hetsched.PathOutsideRootError`, see
+        :meth:`unreadable`) rather than stop."""
+        try:
+            return self.resolve(rel)
+        except PathOutsideRootError as exc:
+            self.note_unreadable(rel, exc)
+            return None
 
     def listdir(self, rel: str | ResolvedPath) -> list[str]:
-        """Sorted entry names of a directory; ``[]`` when it is absent.
+        """Sorted entry names of a directory; ``[]`` when it is absent or leads out of the root
+        (noted as unreadable; nothing there is listed).
 
-        :raises PathOutsideRootError: the directory resolves outside the root.
         :raises SysfsPermissionError: it may not be listed.
         """
-        path = self.resolve(rel)
+        path = self.contained(rel)
+        if path is None:
+            return []
         try:
             return sorted(os.listdir(path.path))
         except OSError as exc:
@@ -219,27 +269,35 @@ class SysfsRoot:
     # -- reads --------------------------------------------------------------------
 
     def read_bytes(self, rel: str | ResolvedPath) -> bytes | None:
-        """Whole content of a file, or ``None`` when absent or flaky (see module doc).
+        """Whole content of a file, or ``None`` when absent, flaky or unreadable (a directory, a
+        link out of the root: nothing opened there; see the module doc and :meth:`unreadable`).
 
-        :raises PathOutsideRootError: ``rel`` resolves outside the root (nothing opened).
         :raises SysfsPermissionError: no permission to read it.
-        :raises SysfsError: any other failure (e.g. it is a directory).
+        :raises SysfsError: any other failure.
         """
+        self._reads += 1
         if isinstance(rel, ResolvedPath):
             path = rel
             flags = _RESOLVED_READ_FLAGS
         else:
-            path = self.resolve(rel)
+            contained = self.contained(rel)
+            if contained is None:
+                return None
+            path = contained
             flags = _READ_FLAGS
-        self._reads += 1
         try:
             fd = os.open(path.path, flags)
             try:
                 data = os.read(fd, _READ_CHUNK)
                 if len(data) == _READ_CHUNK:
                     chunks = [data]
+                    size = len(data)
                     while chunk := os.read(fd, _READ_CHUNK):
                         chunks.append(chunk)
+                        size += len(chunk)
+                        if size > MAX_VALUE_BYTES:
+                            self.note_unreadable(path, f"holds more than {MAX_VALUE_BYTES} bytes: no value file")
+                            return None
                     data = b"".join(chunks)
             finally:
                 os.close(fd)
@@ -248,6 +306,10 @@ class SysfsRoot:
                 return None
             if exc.errno in FLAKY_ERRNOS:
                 self._flaky += 1
+                return None
+            if exc.errno in _UNREADABLE_ERRNOS:
+                what = "is a directory" if exc.errno == errno.EISDIR else "became a symbolic link after it was resolved"
+                self.note_unreadable(path, what)
                 return None
             raise self._translate(exc, path, "reading") from exc
         return data
@@ -292,6 +354,24 @@ class SysfsRoot:
             self._noted.add(key)
             log.warning("%s under %s holds %r, not %s: treated as unreadable", key, self._root, data[:40], expected)
 
+    def note_unreadable(self, rel: str | ResolvedPath, why: str | Exception) -> None:
+        """Count a read of a file that cannot hold a value (``why``: what it is, or the refusal,
+        e.g. a :class:`~hetsched.PathOutsideRootError`); the first one per file is logged and
+        kept for :meth:`unreadable`."""
+        self._unreadable_n += 1
+        key = rel.rel if isinstance(rel, ResolvedPath) else os.fspath(rel).lstrip("/")
+        if key in self._unreadable:
+            return
+        reason = f"{type(why).__name__}: {why}" if isinstance(why, Exception) else why
+        self._unreadable[key] = reason
+        log.warning("%s under %s is unreadable (%s): treated as absent", key, self._root, reason)
+
+    def unreadable(self) -> dict[str, str]:
+        """Each file read so far that could hold no value (a directory, a link out of the root,
+        an oversized node), root-relative, with why (a refusal names its error class, e.g.
+        ``"PathOutsideRootError: refusing ..."``); a copy, in the order first met."""
+        return dict(self._unreadable)
+
     # -- writes -----------------------------------------------------------------
 
     def write_text(self, rel: str | ResolvedPath, value: object) -> None:
@@ -319,7 +399,7 @@ class SysfsRoot:
     def statistics(self) -> SysfsStatistics:
         """Counts of reads, writes and flaky reads so far."""
         return SysfsStatistics(reads=self._reads, writes=self._writes, flaky_reads=self._flaky,
-                               garbage_reads=self._garbage)
+                               garbage_reads=self._garbage, unreadable_reads=self._unreadable_n)
 
     def _translate(self, exc: OSError, path: ResolvedPath, action: str) -> SysfsError:
         where = "/" + path.rel if self._root == os.sep else f"{path.rel} (under {self._root})"

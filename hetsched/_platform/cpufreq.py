@@ -194,14 +194,16 @@ def _policy_dirs(fs: SysfsRoot) -> list[tuple[str, tuple[int, ...] | None]]:
     found: dict[str, tuple[int, ...] | None] = {}
     for entry in fs.listdir(CPUFREQ_DIR):
         if entry.startswith("policy") and entry[6:].isdigit():
-            found.setdefault(fs.realpath(f"{CPUFREQ_DIR}/{entry}"), None)
+            policy = fs.contained(f"{CPUFREQ_DIR}/{entry}")  # None: a link out of the root, skipped
+            if policy is not None:
+                found.setdefault(policy.rel, None)
     if found:
         return list(found.items())
     # No policyN dirs (old kernels, jtop-style fake trees): group cpuK/cpufreq by where they resolve.
     groups: dict[str, list[int]] = {}
     for entry in fs.listdir(CPU_DIR):
         if entry.startswith("cpu") and entry[3:].isdigit() and fs.is_dir(f"{CPU_DIR}/{entry}/cpufreq"):
-            groups.setdefault(fs.realpath(f"{CPU_DIR}/{entry}/cpufreq"), []).append(int(entry[3:]))
+            groups.setdefault(fs.realpath(f"{CPU_DIR}/{entry}/cpufreq"), []).append(int(entry[3:]))  # is_dir: inside
     return [(path, tuple(sorted(cpus))) for path, cpus in groups.items()]
 
 

@@ -129,10 +129,11 @@ def read_devices(fs: SysfsRoot) -> list[DevfreqDevice]:
     out: list[DevfreqDevice] = []
     for entry in fs.listdir(DEVFREQ_CLASS):
         cls = f"{DEVFREQ_CLASS}/{entry}"
-        if not fs.is_dir(cls):
+        if not fs.is_dir(cls):  # False for a link out of the root (skipped, noted)
             continue
         path = fs.realpath(cls)
-        device_path = fs.realpath(f"{path}/device") if fs.exists(f"{path}/device") else None
+        device = fs.contained(f"{path}/device")
+        device_path = device.rel if device is not None and fs.exists(device) else None
         of_name = fs.read_str(f"{device_path}/of_node/name") if device_path else None
         text = fs.read_text(f"{path}/available_frequencies")
         try:

@@ -116,12 +116,14 @@ def _hwmon_dirs(fs: SysfsRoot) -> list[tuple[str, str]]:
         if "ina3221" not in name:
             continue
         for child in fs.listdir(f"{base}/hwmon"):
-            if child.startswith("hwmon"):
-                seen.setdefault(fs.realpath(f"{base}/hwmon/{child}"), dev)
+            hwmon = fs.contained(f"{base}/hwmon/{child}") if child.startswith("hwmon") else None
+            if hwmon is not None:
+                seen.setdefault(hwmon.rel, dev)
     for child in fs.listdir("sys/class/hwmon"):
         base = f"sys/class/hwmon/{child}"
-        if (fs.read_str(f"{base}/name") or "") == "ina3221":
-            path = fs.realpath(base)
+        resolved = fs.contained(base) if (fs.read_str(f"{base}/name") or "") == "ina3221" else None
+        if resolved is not None:
+            path = resolved.rel
             if path not in seen:
                 parent = path.rsplit("/hwmon/", 1)[0].rsplit("/", 1)[-1] if "/hwmon/" in path else child
                 seen[path] = parent
@@ -147,9 +149,10 @@ def find_ina3221(fs: SysfsRoot) -> list[PowerRail]:
     for dev in fs.listdir("sys/bus/i2c/devices"):
         base = f"sys/bus/i2c/devices/{dev}"
         for child in fs.listdir(base):
-            if not child.startswith("iio:device"):
+            resolved = fs.contained(f"{base}/{child}") if child.startswith("iio:device") else None
+            if resolved is None:
                 continue
-            iio = fs.realpath(f"{base}/{child}")
+            iio = resolved.rel
             for ch in range(8):
                 add(fs.read_text(f"{iio}/rail_name_{ch}"), kind="iio", sensor=f"ina3221x {dev} ch{ch}",
                     voltage_path=f"{iio}/in_voltage{ch}_input", current_path=f"{iio}/in_current{ch}_input",
@@ -163,7 +166,10 @@ def read_rapl_rails(fs: SysfsRoot) -> list[PowerRail]:
     for entry in fs.listdir("sys/class/powercap"):
         if not entry.startswith("intel-rapl"):
             continue
-        path = fs.realpath(f"sys/class/powercap/{entry}")
+        resolved = fs.contained(f"sys/class/powercap/{entry}")
+        if resolved is None:
+            continue
+        path = resolved.rel
         try:
             if fs.read_int(f"{path}/energy_uj") is None:
                 continue

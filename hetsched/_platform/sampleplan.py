@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import PathOutsideRootError
 from ._fs import ResolvedPath, SysfsRoot
 from .devfreq import parse_load
 from .discovery import Platform
@@ -69,9 +70,15 @@ class SamplePlan:
 
 
 def _res(fs: SysfsRoot, rel: str | None) -> ResolvedPath | None:
-    if rel is None or not fs.exists(rel):
+    """``rel`` resolved for the hot loop; None when absent, or when it leads out of the root
+    (an unreadable file: noted once as the :class:`~hetsched.PathOutsideRootError`, never read)."""
+    if rel is None:
         return None
-    return fs.resolve(rel)
+    try:
+        return fs.resolve(rel) if fs.exists(rel) else None
+    except PathOutsideRootError as exc:
+        fs.note_unreadable(rel, exc)
+        return None
 
 
 def _zone_key(type_: str, index: int, seen: set[str]) -> str:

@@ -143,7 +143,10 @@ def read_zones(fs: SysfsRoot) -> list[ThermalZone]:
     """
     zones = []
     for index, rel in _zone_dirs(fs):
-        path = fs.realpath(rel)
+        resolved = fs.contained(rel)  # None: a zone linked out of the root, skipped (noted once)
+        if resolved is None:
+            continue
+        path = resolved.rel
         zones.append(
             ThermalZone(
                 index=index,
