@@ -45,6 +45,12 @@ class GovernorConfig:
     budget once the board is hot)."""
     thermal_margin_c: float = 2.0
     """Keep every zone this far below its (lowest) passive trip."""
+    critical_margin_c: float = 15.0
+    """Keep a zone this far below its (lowest) critical trip: the limit of a zone that has no
+    passive trip (an RK3588 ``bigcore0-thermal``: one critical trip at 115 C), and a ceiling on
+    any zone's limit (a passive trip set above the critical one). A zone past the limit caps the
+    board's power, and so its clocks, at every tick until it cools; 15 C leaves the kernel's
+    hard shutdown at the critical trip well clear of the guard's overshoot."""
     thermal_horizon_s: float = 2.0
     """How far ahead the thermal model looks (at least the expected phase length)."""
     thermal_window_s: float = 1.0
@@ -84,6 +90,7 @@ class GovernorConfig:
             "power_margin": 0 <= self.power_margin < 0.5,
             "measured_margin": 0 <= self.measured_margin < 0.5,
             "thermal_margin_c": self.thermal_margin_c >= 0,
+            "critical_margin_c": self.critical_margin_c >= 0,
             "thermal_horizon_s": self.thermal_horizon_s > 0,
             "thermal_window_s": self.thermal_window_s > 0,
             "min_phase_factor": self.min_phase_factor >= 0,

@@ -23,7 +23,9 @@ so the largest power that keeps ``T(h)`` at or below ``limit`` is::
 
 The governor treats ``P_cap`` like the power budget: it lowers clocks until the
 predicted power fits, before the zone reaches its passive trip, so the kernel never
-has to throttle. Everything here is pure (no I/O); :class:`ThermalGuard` keeps the
+has to throttle. A zone with only a critical trip is kept ``critical_margin_c`` below it
+(:meth:`ThermalGuard.zone_limit_c`); one already past its limit caps at 95 % of the power now
+at every tick, so the cap only falls until it cools. Everything here is pure (no I/O); :class:`ThermalGuard` keeps the
 per-zone fits and windows of one governor and the cap they give now.
 """
 
@@ -257,9 +259,10 @@ class ThermalGuard:
         :param phase_s: the expected length of the phase in progress (the horizon is at least that).
         """
         for name, zone in snap.zones.items():
-            if zone.passive_trip_c is None or zone.temp_c is None:
+            limit = self.zone_limit_c(zone.passive_trip_c, zone.critical_trip_c)
+            if limit is None or zone.temp_c is None:
                 continue
-            self._limits[name] = zone.passive_trip_c - self.config.thermal_margin_c
+            self._limits[name] = limit
             if power is None:
                 continue
             if name not in self._fits:
@@ -275,6 +278,17 @@ class ThermalGuard:
             self._windows[name] = win
         self._update_cap(snap, smooth_w, phase_s)
 
+    def zone_limit_c(self, passive_c: float | None, critical_c: float | None) -> float | None:
+        """The temperature a zone is kept under: ``thermal_margin_c`` below its passive trip, at
+        most ``critical_margin_c`` below its critical trip (the only limit of a zone with no
+        passive trip); None for a zone with neither."""
+        limits = []
+        if passive_c is not None:
+            limits.append(passive_c - self.config.thermal_margin_c)
+        if critical_c is not None:
+            limits.append(critical_c - self.config.critical_margin_c)
+        return min(limits) if limits else None
+
     def _update_cap(self, snap: Snapshot, smooth_w: float | None, phase_s: float) -> None:
         temps = {n: z.temp_c for n, z in snap.zones.items() if z.temp_c is not None}
         self._temps.update(temps)
@@ -284,6 +298,9 @@ class ThermalGuard:
             reactive_band_c=_REACTIVE_BAND_C, slopes=self._slopes,
         )
         old = self.cap_w
+        hot = any(temps.get(z, -math.inf) >= limit for z, limit in self._limits.items())
+        if hot and old is not None and (cap is None or cap > old):
+            cap = old  # a zone past its limit: the cap only falls until it cools (whatever power does)
         if cap is None or cap >= 1e6:
             # Far from every trip: release the cap only with hysteresis (see below).
             cap = math.inf
