@@ -27,8 +27,9 @@ __all__ = ["coarsen"]
 _REL_EPS = 1e-9
 
 
-def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[list[int]]:
-    """Connected groups of units on one device, cheapest first (ties: by first unit)."""
+def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[tuple[float, list[int]]]:
+    """Connected groups of units on one device with their compute there, cheapest first (ties: by
+    first unit)."""
     units = problem.units
     parent = {u.id: u.id for u in units}
 
@@ -49,7 +50,12 @@ def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[li
     for u in units:
         groups.setdefault(find(u.id), []).append(u.id)
     cost = problem.cost
-    return sorted(groups.values(), key=lambda g: (sum(cost[(uid, assignment[uid])] for uid in g), g[0]))
+    out = []
+    for g in groups.values():
+        here = assignment[g[0]]
+        out.append((sum(cost[(uid, here)] for uid in g), g))
+    out.sort(key=lambda cg: (cg[0], cg[1][0]))
+    return out
 
 
 def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Mapping[str, float],
@@ -118,16 +124,18 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
 
     Edge = tuple[int, int]
 
-    def where_it_is(region: Sequence[int], members: set[int]) -> tuple[list[Edge], list[Edge], float]:
-        """The region's boundary edges and its serial time where it is now: compute, the hand-offs
-        between its own parts (what moving it whole saves) and its boundary."""
+    def where_it_is(gids: Sequence[int], region: Sequence[int], members: set[int],
+                    ) -> tuple[list[Edge], list[Edge], float]:
+        """The region's (groups ``gids``, units ``region``) boundary edges and its serial time where
+        it is now: compute, the hand-offs between its own parts (what moving it whole saves) and
+        its boundary."""
         ext_in = [(p, uid) for uid in region for p in units[uid].preds if p not in members]
         ext_out = [(uid, s) for uid in region for s in units[uid].succs if s not in members]
-        devs = {out[u] for u in region}
+        devs = {out[groups[j][0]] for j in gids}
         if len(devs) == 1:
             (here,) = devs
             w = 1.0 if weight is None else weight.get(here, 1.0)
-            return ext_in, ext_out, w * sum(cost[(uid, here)] for uid in region) + boundary(ext_in, ext_out, here)
+            return ext_in, ext_out, w * sum(group_cost(j, here) for j in gids) + boundary(ext_in, ext_out, here)
         # (a region of several groups: their inner hand-offs count too)
         now = 0.0
         for uid in region:
@@ -170,10 +178,12 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
     dirty: set[int] | None = None  # units whose group's surroundings changed (None: all, first sweep)
     for _ in range(max_sweeps):
         moved: set[int] = set()
-        groups = _groups(problem, out)
+        found = _groups(problem, out)
+        groups = [g for _, g in found]
         gsum.clear()
         gid: dict[int, int] = {}
-        for i, g in enumerate(groups):
+        for i, (c, g) in enumerate(found):
+            gsum[(i, out[g[0]])] = c
             for uid in g:
                 gid[uid] = i
         cands = [group_cands(g) for g in groups]
@@ -195,7 +205,7 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
                     if j != i and len(groups[j]) <= len(group):
                         near[j] = None
             best: tuple[float, str, Sequence[int]] | None = None
-            alone = where_it_is(group, members)
+            alone = where_it_is((i,), group, members)
             # The group alone, and with its neighbours that can go there too.
             seen: dict[tuple[int, ...], tuple[list[Edge], list[Edge], float]] = {}
             for dev in sorted(targets):
@@ -206,7 +216,7 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
                 if joined:
                     if joined not in seen:
                         region = [*group, *(u for j in joined for u in groups[j])]
-                        seen[joined] = where_it_is(region, set(region))
+                        seen[joined] = where_it_is((i, *joined), region, set(region))
                     best = _better(best, (i, *joined), seen[joined], dev)
             if best is not None:
                 _, dev, gids = best
