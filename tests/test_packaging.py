@@ -24,6 +24,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.packaging
 
@@ -145,3 +146,23 @@ def test_the_wheel_holds_nothing_but_the_package(dists: dict[str, Path]) -> None
     assert tops == {"hetsched", "hetsched-0.1.0.dist-info"}
     assert "hetsched/py.typed" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_the_extras_name_nothing_pypi_cannot_install_on_a_board(dists: dict[str, Path]) -> None:
+    # What `pip install hetsched[...]` reads: the wheel's own metadata. (.ci/check_extras resolves
+    # every extra against PyPI for linux aarch64; this is the part that needs no network.)
+    with zipfile.ZipFile(dists["wheel"]) as whl:
+        meta = whl.read("hetsched-0.1.0.dist-info/METADATA").decode()
+    fields = [line.split(": ", 1) for line in meta.splitlines() if ": " in line]
+    assert ["Requires-Python", ">=3.10"] in fields
+    reqs = [Requirement(v) for k, v in fields if k == "Requires-Dist"]
+    by_name: dict[str, list[Requirement]] = {}
+    for r in reqs:
+        by_name.setdefault(r.name, []).append(r)
+    assert "tensorrt" not in by_name  # PyPI's tensorrt is a source-only stub; JetPack ships the bindings
+    for r in by_name["cuda-python"]:  # a newer CUDA major than the board's driver fails every call
+        assert any(s.operator == "<" for s in r.specifier), r
+    extras = {v for k, v in fields if k == "Provides-Extra"}
+    assert {"jetson-cuda12", "jetson-cuda13", "rknn"} <= extras and "tensorrt" not in extras
+    backports = {r.name: str(r.marker) for r in reqs if r.name in ("exceptiongroup", "typing_extensions")}
+    assert backports == {"exceptiongroup": 'python_version < "3.11"', "typing_extensions": 'python_version < "3.11"'}
