@@ -93,7 +93,9 @@ def measure(runs: int, soc: str) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="hetsched-startup-"))
     try:
         root = str(tmp / "twin")
-        subprocess.run([*_cli(), "twin", soc, "--root", root, "--once"], check=True, capture_output=True)
+        made = subprocess.run([*_cli(), "twin", soc, "--root", root, "--once"], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise SystemExit(f"hetsched twin {soc} --root {root} --once exited {made.returncode}: {made.stderr.strip()}")
         cases: dict[str, list[dict[str, Any]]] = {k: [] for k in ("hetsched", "onnxruntime", "full", "info", "help")}
         for _ in range(runs):
             cases["hetsched"].append(timed_import("import hetsched"))
