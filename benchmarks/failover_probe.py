@@ -23,8 +23,9 @@ while idle, ``--kills`` times per loop.
 **toolkit_kill** (``--toolkit-requests N``, with rknn-toolkit2 installed: ``hetsched setup
 rknn``): the real toolkit worker processes of an NPU on an rk3588 twin root (the toolkit's
 simulator computes; no board), no fallback device; a thread SIGKILLs a random toolkit process
-every ``--toolkit-kill-every-s`` seconds while the requests run, one that has served for
-``--toolkit-min-age-s`` (a crash; ``0`` kills processes still starting too: a crash loop).
+every ``--toolkit-kill-every-s`` seconds while the requests run: one holding a worker's context
+and started ``--toolkit-min-age-s`` ago at least (a crash; ``0``: any toolkit process, those
+still starting too: a crash loop).
 Kills faster than a process restarts make runs fail ``Replanning.quarantine_after`` times in a row: the device is
 quarantined, no plan can do without it, so it stays and its requests start over on it (a
 request whose every try met a dying process, ``quarantine_after`` + 1 runs, fails: counted as
@@ -382,8 +383,8 @@ def _age_s(pid: int) -> float:
     return max(0.0, up - start / os.sysconf("SC_CLK_TCK"))
 
 
-def _toolkit_children(min_age_s: float = 0.0) -> list[int]:
-    """This process's toolkit workers, those started at least ``min_age_s`` ago."""
+def _toolkit_children() -> list[int]:
+    """This process's toolkit worker processes."""
     pids: list[int] = []
     for task in Path("/proc/self/task").iterdir():
         try:
@@ -393,11 +394,26 @@ def _toolkit_children(min_age_s: float = 0.0) -> list[int]:
     out = []
     for p in pids:
         try:
-            if b"_worker_main" in Path(f"/proc/{p}/cmdline").read_bytes() and _age_s(p) >= min_age_s:
+            if b"_worker_main" in Path(f"/proc/{p}/cmdline").read_bytes():
                 out.append(p)
         except OSError:
             continue
     return out
+
+
+def _serving_pids(s: Session) -> list[int]:
+    """The toolkit processes that hold a worker's context now (started, stage built): the
+    session's internals, read for this probe only (``proc.alive`` is not asked: polling another
+    thread's child would race its worker's own check)."""
+    pids = []
+    for w in s._scheduler.unique_workers() if s._scheduler is not None else ():
+        with w._states_lock:
+            states = [v for d in w._all_states for v in d.values()]
+        for ctx in states:
+            pid = getattr(getattr(ctx, "proc", None), "pid", None)
+            if isinstance(pid, int) and _age_s(pid) > 0.0:
+                pids.append(pid)
+    return pids
 
 
 async def toolkit_kill(requests: int, every_s: float, concurrency: int, min_age_s: float) -> dict[str, Any]:
@@ -425,9 +441,12 @@ async def toolkit_kill(requests: int, every_s: float, concurrency: int, min_age_
         def all_npu(problem: Any) -> dict[int, str]:
             return {u.id: "npu" for u in problem.units}
 
-        def killer() -> None:
+        def killer(s: Session) -> None:
             while not stop.wait(every_s):
-                pids = _toolkit_children(min_age_s)  # serving processes: a crash, not a crash loop
+                # a process serving a worker (a crash); with --toolkit-min-age-s 0 any toolkit
+                # process, those still starting too (a crash loop)
+                pids = _serving_pids(s) if min_age_s > 0 else _toolkit_children()
+                pids = [p for p in pids if _age_s(p) >= min_age_s]
                 if pids:
                     pid = random.choice(pids)
                     try:
@@ -438,7 +457,7 @@ async def toolkit_kill(requests: int, every_s: float, concurrency: int, min_age_
 
         async with Session(model, devices=devices, root=root, policy=all_npu) as s:
             await s.run({"x": xs[0]})
-            t = threading.Thread(target=killer, name="probe-killer", daemon=True)
+            t = threading.Thread(target=killer, args=(s,), name="probe-killer", daemon=True)
             t.start()
             tally.requests += requests
             ids = iter(range(requests))
@@ -490,8 +509,8 @@ def main() -> None:
                     help="toolkit_kill requests per loop (0: skip; needs rknn-toolkit2)")
     ap.add_argument("--toolkit-kill-every-s", type=float, default=2.0,
                     help="seconds between kills (a toolkit process takes about a second to start here)")
-    ap.add_argument("--toolkit-min-age-s", type=float, default=3.0,
-                    help="kill only toolkit processes started this long ago (0: processes still starting too)")
+    ap.add_argument("--toolkit-min-age-s", type=float, default=1.0,
+                    help="kill only processes serving a worker, started this long ago (0: any, starting too)")
     ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=LOOPS)
     a = ap.parse_args()
     if a.per_round < 1 or a.concurrency < 1 or a.kills < 0 or a.slow_ms < 0:
