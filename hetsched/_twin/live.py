@@ -94,9 +94,11 @@ class LiveTwin:
         UnknownSocError: unknown ``soc`` or ``variant``.
 
     Every write, read, link and delete of the tree stays inside ``root``: a symlink planted in
-    it that leads out makes :meth:`write_once`, :meth:`advance` and :meth:`poll_writes` (so the
-    running twin) raise :class:`~hetsched.PathOutsideRootError` instead (see
-    :mod:`hetsched._twin.tree_walk`).
+    it that leads out makes the first snapshot (:meth:`write_once`, ``hetsched twin --once``)
+    raise :class:`~hetsched.PathOutsideRootError` (see :mod:`hetsched._twin.tree_walk`). Once
+    the twin runs (:meth:`advance`), a path it cannot write -- a link out of the root, a
+    directory where a file belongs -- is skipped and reported once per path (a warning, and
+    :meth:`skipped`), never followed; a removed cpufreq policy is followed as a hot-unplug.
     """
 
     def __init__(
@@ -226,6 +228,8 @@ class LiveTwin:
         with self.tree.batch():  # one set of directory descriptors for the poll and the render
             if not self._materialised:
                 self.write_once()
+            self.tree.lenient = True  # running: skip and report what cannot be written (module doc)
+            self._follow_hotplug()
             load = self._open_load()
             self.poll_writes()
             if board_seconds > 0:
@@ -235,6 +239,24 @@ class LiveTwin:
                 self.sim.step(board_seconds)
                 self._account_jiffies(board_seconds)
             self._render()
+
+    def _follow_hotplug(self) -> None:
+        """A CPU domain whose cpufreq policy directory went (its CPUs hot-unplugged, or the
+        directory linked out of the root) is no longer simulated as running: idle at its lowest
+        clock, its CPUs offline, the policy not recreated (:meth:`BoardTree.unplug`)."""
+        for d in self.profile.domains:
+            if d.kind != "cpu" or d.name in self.tree.unplugged or self.tree.policy_present(d):
+                continue
+            self.tree.unplug(d)
+            self._bg_util.pop(d.name, None)
+            self._session_util.pop(d.name, None)
+            self.sim.set_utilisation(d.name, 0.0)
+            self.sim.kernel_limits(d.name, max_hz=d.available_hz[0])
+
+    def skipped(self) -> Mapping[str, str]:
+        """Root-relative paths the running twin could not write, read or delete (a directory in
+        the way, a link out of the root), each with why; each was reported once."""
+        return MappingProxyType(dict(self.tree.skipped))
 
     def report_utilisation(self, domain: str, util: float) -> None:
         """A workload reports ``domain``'s busy fraction (0..1) until changed.
@@ -259,6 +281,8 @@ class LiveTwin:
         """Set each domain's utilisation for the period from the busy seconds reported in it."""
         for d in self.profile.domains:
             name = d.name
+            if name in self.tree.unplugged:
+                continue
             b = busy.get(name, 0.0)
             if b:
                 self._reported[name] = self._reported.get(name, 0.0) + b

@@ -70,6 +70,17 @@ _VENDORS: dict[str, type[RockchipTree] | type[TegraTree]] = {
 }
 
 
+def cpu_ranges(cpus: list[int]) -> str:
+    """A kernel cpu list (``"0-3,6-7\\n"``; ``"\\n"`` when empty), as ``cpu/online`` prints it."""
+    out: list[tuple[int, int]] = []
+    for c in sorted(cpus):
+        if out and out[-1][1] == c - 1:
+            out[-1] = (out[-1][0], c)
+        else:
+            out.append((c, c))
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out) + "\n"
+
+
 class BoardTree(TreeFiles):
     """The files of one board under ``root``; renders a :class:`BoardState` into them.
 
@@ -88,6 +99,8 @@ class BoardTree(TreeFiles):
         super().__init__(root, profile, variant, offline_style=offline_style)
         self.vendor: _VendorTree = _VENDORS[profile.quirks.sysfs_writer](self)
         self._hwmon_next = 0
+        self.unplugged: set[str] = set()
+        """CPU domains whose cpufreq policy was removed while the twin ran (see :meth:`unplug`)."""
 
     # -- whole tree -------------------------------------------------------------
 
@@ -131,7 +144,8 @@ class BoardTree(TreeFiles):
         with self.batch():
             for d in prof.domains:
                 if d.kind == "cpu":
-                    self._cpufreq_render(d, state)
+                    if d.name not in self.unplugged:
+                        self._cpufreq_render(d, state)
                 else:
                     self.vendor.domain_render(d, state)
             self._thermal_render(state)
@@ -199,6 +213,31 @@ class BoardTree(TreeFiles):
 
     def _policy(self, d: DomainProfile) -> str:
         return f"sys/devices/system/cpu/cpufreq/policy{d.cpus[0]}"
+
+    def policy_present(self, d: DomainProfile) -> bool:
+        """Whether CPU domain ``d``'s cpufreq policy directory is there (False once removed, or
+        linked out of the root: skipped and reported once)."""
+        return self.is_dir(self._policy(d))
+
+    def unplug(self, d: DomainProfile) -> None:
+        """Follow the removal of ``d``'s cpufreq policy as a kernel would after hot-unplugging its
+        CPUs: the policy is no longer rendered (nothing recreates it, no ``scaling_setspeed`` is
+        left behind), its knobs are no longer watched, each CPU's ``online`` reads 0 and its
+        ``cpufreq`` link goes, and ``cpu/online``/``cpu/offline`` list the CPUs as the kernel does."""
+        self.unplugged.add(d.name)
+        pol = self.path(self._policy(d))
+        for k in [k for k in self.knobs if k.parent == pol]:
+            del self.knobs[k]
+        for k in [k for k in self._written if pol in k.parents]:
+            del self._written[k]
+        for cpu in d.cpus:
+            c = f"sys/devices/system/cpu/cpu{cpu}"
+            self.put(f"{c}/online", "0\n", 0o644)
+            self.remove(f"{c}/cpufreq")
+        off = sorted(c for dd in self.profile.domains if dd.name in self.unplugged for c in dd.cpus)
+        on = [c for c in range(self.profile.cpu_count) if c not in off]
+        self.put("sys/devices/system/cpu/online", cpu_ranges(on))
+        self.put("sys/devices/system/cpu/offline", cpu_ranges(off))
 
     def _cpufreq_static(self, d: DomainProfile) -> None:
         pol = self._policy(d)

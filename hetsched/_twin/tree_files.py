@@ -18,6 +18,7 @@ file's or a temp file's name is replaced, never written through.
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import stat
@@ -26,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from .._errors import TwinError
+from .._errors import PathOutsideRootError, TwinError
 from .schema import DomainProfile, SocProfile
 from .state import BoardState, governors_for
 from .tree_walk import ContainedRoot
@@ -47,6 +48,9 @@ def khz(hz: int) -> int:
 def kernel_list(values: Iterable[object]) -> str:
     """A sysfs list as the kernel prints it: ``"%u "`` per entry then ``"\\n"`` (a trailing space)."""
     return "".join(f"{v} " for v in values) + "\n"
+
+
+_log = logging.getLogger("hetsched.twin")
 
 
 class TreeFiles:
@@ -82,6 +86,20 @@ class TreeFiles:
         """Dynamic files and directories by role (``zone_hwmon<N>``, a domain's devfreq dir, ...)."""
         self._userspace_dirs: dict[str, Path] = {}
         self._gov_parent: dict[str, Path] = {}
+        self.lenient = False
+        """Once a twin runs (set by :class:`~hetsched._twin.live.LiveTwin` after the first
+        snapshot): a path it cannot write, read or delete -- a directory in the way, a link out
+        of the root -- is skipped and reported once (:attr:`skipped`) instead of raising. The
+        first snapshot stays strict: a tree that is not the twin's to write is refused."""
+        self.skipped: dict[str, str] = {}
+        """Root-relative path -> why the running twin skipped it (first reason; logged once)."""
+
+    def _skip(self, p: Path, exc: Exception) -> None:
+        rel = p.relative_to(self.root).as_posix() if p.is_relative_to(self.root) else str(p)
+        if rel not in self.skipped:
+            self.skipped[rel] = f"{type(exc).__name__}: {exc}"
+            _log.warning("twin: skipping %s under %s (%s); it is neither written nor followed", rel, self.root,
+                         self.skipped[rel])
 
     # -- low level ------------------------------------------------------------
 
@@ -110,6 +128,15 @@ class TreeFiles:
             TwinError: a directory is in the way, or the write failed (the message names the path).
         """
         p, parts = self.fs.split(rel)
+        try:
+            return self._put(p, parts, text, mode)
+        except (PathOutsideRootError, TwinError) as exc:
+            if not self.lenient:
+                raise
+            self._skip(p, exc)
+            return p
+
+    def _put(self, p: Path, parts: list[str], text: str | bytes, mode: int) -> Path:
         data = text.encode() if isinstance(text, str) else text
         what = f"write {p}"
         with self.fs.batch():
@@ -164,9 +191,15 @@ class TreeFiles:
         Raises:
             PathOutsideRootError: ``rel``, or a link on the way to it, leads outside the root.
         """
-        _, parts = self.fs.split(rel)
+        p, parts = self.fs.split(rel)
         with self.fs.batch():
-            r = self.fs.resolve(parts, create=False, what=f"read {rel}")
+            try:
+                r = self.fs.resolve(parts, create=False, what=f"read {rel}")
+            except PathOutsideRootError as exc:
+                if not self.lenient:
+                    raise
+                self._skip(p, exc)
+                return None
             if r is None or r[2] is None or not stat.S_ISREG(r[2].st_mode):
                 return None
             dfd, name, _ = r
@@ -190,9 +223,15 @@ class TreeFiles:
         Raises:
             PathOutsideRootError: a link on the way leads outside the root.
         """
-        _, parts = self.fs.split(rel)
+        p, parts = self.fs.split(rel)
         with self.fs.batch():
-            return self.fs.walk(parts, create=False, what=f"look up {rel}") is not None
+            try:
+                return self.fs.walk(parts, create=False, what=f"look up {rel}") is not None
+            except PathOutsideRootError as exc:
+                if not self.lenient:
+                    raise
+                self._skip(p, exc)
+                return False
 
     def remove(self, rel: str | Path) -> None:
         """Delete the entry at ``rel`` (a link itself, not its target); nothing when absent.
@@ -217,7 +256,12 @@ class TreeFiles:
         for k in [k for k in self._written if k.parent == p]:
             del self._written[k]
         with self.fs.batch():
-            self.fs.rmtree_files(parts, what=f"delete {p}")
+            try:
+                self.fs.rmtree_files(parts, what=f"delete {p}")
+            except (PathOutsideRootError, TwinError) as exc:
+                if not self.lenient:
+                    raise
+                self._skip(p, exc)
 
     def link(self, rel: str, target_rel: str) -> None:
         """Relative symlink at ``rel`` pointing at ``target_rel`` (both relative to the root).
