@@ -123,9 +123,10 @@ def test_bad_device_spec_exits_1(capsys: pytest.CaptureFixture[str], spec: str) 
     assert "Traceback" not in err
 
 
-def test_unknown_policy_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "light_squeezenet", "--policy", "fastest", "--devices", "cpu:0"]) == 1
-    assert "unknown policy 'fastest'" in capsys.readouterr().err
+def test_unknown_policy_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:  # argparse's usage error (tests/test_cli_bad_args.py)
+        main(["plan", "light_squeezenet", "--policy", "fastest", "--devices", "cpu:0"])
+    assert info.value.code == 2 and "argument --policy: unknown policy 'fastest'" in capsys.readouterr().err
 
 
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
