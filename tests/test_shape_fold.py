@@ -184,3 +184,27 @@ def test_every_cli_command_says_it_in_one_line_before_anything_runs(yolo: Path, 
     assert len(lines) == 1, res.stderr
     assert "input 'images' has free dims batch, height, width: pass --shape images=1,3,640,640" in lines[0]
     assert "compiling" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_folded_scalar_stays_a_scalar() -> None:
+    """``Size(Shape(x))`` is a 0-d rank that ``Range`` requires as such (the ONNX suite's expanded
+    RMSNormalization): the folded initializer keeps rank 0, and onnxruntime runs the result."""
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Size", ["shape"], ["rank"]),
+             helper.make_node("Identity", ["zero"], ["start"]),  # not shape arithmetic: Range stays
+             helper.make_node("Range", ["start", "rank", "one"], ["axes"]),
+             helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], [one, zero])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    folded, _ = fold_shape_arithmetic(model)
+    rank = {i.name: numpy_helper.to_array(i) for i in folded.graph.initializer}["rank"]
+    assert rank.shape == () and int(rank) == 2
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (y,) = ort.InferenceSession(folded.SerializeToString()).run(None, {"x": x})
+    assert float(y) == float(x.mean())

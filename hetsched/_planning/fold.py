@@ -205,7 +205,8 @@ def _fold_round(model: onnx.ModelProto, cfg: FoldConfig) -> tuple[onnx.ModelProt
     out.graph.node.extend(kept)
     for name, value in derived.items():
         if name in used:
-            out.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+            # np.ascontiguousarray would turn a 0-d value into shape (1,): a copy keeps the rank
+            out.graph.initializer.append(numpy_helper.from_array(np.array(value, order="C", copy=True), name))
     stale = {o for k in folded for o in g.node[k].output}
     stale.update(o for n in removed for o in n.output)
     keep_vi = [vi for vi in out.graph.value_info if vi.name not in stale]
