@@ -82,9 +82,19 @@ def wheel_file(package: str, rel: str) -> Path:
     return path
 
 
-def fixed_model(name: str) -> onnx.ModelProto:
-    from hetsched._planning.model import with_input_shapes
+def with_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs named in ``shapes`` have those fixed dims."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in out.graph.input:
+        if vi.name in shapes:
+            del vi.type.tensor_type.shape.dim[:]
+            for v in shapes[vi.name]:
+                vi.type.tensor_type.shape.dim.add().dim_value = int(v)
+    return out
 
+
+def fixed_model(name: str) -> onnx.ModelProto:
     package, rel, shapes, _ = ZOO[name]
     model = load_model(wheel_file(package, rel))
     graph_inputs = {i.name for i in model.graph.input} - {t.name for t in model.graph.initializer}

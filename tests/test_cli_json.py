@@ -105,7 +105,8 @@ def test_plan_on_a_twin_root_honours_devices(tmp_path: Path, capsys: pytest.Capt
     plan = _json(capsys, ["plan", "light_squeezenet", "--root", str(root), "--json", "--max-unit-nodes", "20"])
     _assert_stages(plan["stages"], {"sim", "rknn", "cpu"})
     names = {d["name"] for d in plan["devices"]}
-    assert {"gpu", "cluster4"} <= names
+    # the Mali is a default device only through ncnn on a hardware Vulkan driver (none here)
+    assert "cluster4" in names and "npu" in names
     plan = _json(capsys, ["plan", "light_squeezenet", "--root", str(root), "--json", "--max-unit-nodes", "20",
                           "--devices", "cluster4", "gpu"])
     assert [d["name"] for d in plan["devices"]] == ["cluster4", "gpu"]

@@ -272,7 +272,7 @@ def test_plot_a_real_session_trace(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["plot", str(trace), "-o", str(out), "--dpi", "60"]) == 0
     view = load_trace(trace)
     assert view.stage_runs >= 3 and view.busy_devices
-    assert {"cluster0", "gpu", "npu"} <= set(view.devices)
+    assert {"cluster0", "npu"} <= set(view.devices)  # the Mali only with ncnn on a hardware Vulkan driver
     # A twin root has telemetry: every kind of counter is there, and the board's passive trip.
     assert view.clocks and view.temps and view.power and view.trips_c
     _png_size(out)

@@ -318,7 +318,8 @@ def test_cli_run_writes_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[st
     trace = _load(path)
     procs = _processes(trace)
     stages = _slices(trace, cat="stage")
-    assert len(stages) == 3 * len(summary["stages"])
+    # the warm-up requests run (and are traced) before the three counted ones
+    assert len(stages) == (3 + summary["warmup_requests"]) * len(summary["stages"])
     assert {f"device {row['device']}" for row in summary["stages"]} <= set(procs)
     assert all(e["args"].get("energy_j", 0) > 0 for e in stages)  # the twin's modelled energy per run
     assert any(e["ph"] == "C" for e in trace["traceEvents"])
