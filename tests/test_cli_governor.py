@@ -24,7 +24,7 @@ def _knobs(root: Path) -> dict[str, bytes]:
     return dvfs_knobs(root)
 
 
-def _settled_knobs(root: Path, want: dict[str, bytes], *, timeout_s: float = 10.0) -> dict[str, bytes]:
+def _settled_knobs(root: Path, want: dict[str, bytes], *, timeout_s: float = 30.0) -> dict[str, bytes]:
     """The knobs once the twin has caught up: it polls the tree, so a devfreq ``userspace/``
     directory (which a kernel removes the moment the governor changes back) goes on the
     twin's next update, not at the restoring write itself."""
