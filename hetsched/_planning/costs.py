@@ -16,7 +16,8 @@ from onnx import TensorProto
 
 from hetsched.backends import Device
 
-from .._errors import ProfileError
+from .._errors import NotRegularFileError, ProfileError
+from .._platform.files import read_regular_file
 from .graph import GraphIndex
 
 __all__ = [
@@ -372,9 +373,17 @@ class CostTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostTable:
+        """The table saved at ``path`` (:meth:`save`).
+
+        :raises ProfileError: ``path`` is not a regular file (a FIFO, a device, a directory, or a
+            link to one: refused, never read), cannot be read, is not UTF-8 JSON, or is malformed;
+            the message names the file.
+        """
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(read_regular_file(path, what="cost table").decode("utf-8"))
+        except NotRegularFileError as exc:
+            raise ProfileError(str(exc)) from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProfileError(f"cost table {str(path)!r} could not be read: {exc}") from exc
         if not isinstance(data, dict):
             raise ProfileError(f"cost table {str(path)!r}: expected a JSON object")
