@@ -5,7 +5,7 @@ runs once at compile time on probe inputs and is compared with onnxruntime runni
 stage model in fp32: the output count, every output's shape, and each output's cosine
 similarity against a floor set by the stage's precision (:data:`PROBE`). A stage that fails
 to run or disagrees raises :class:`~hetsched.CompileError` carrying the reason (the toolkit's own
-message where it gave one): the session's refusal path (``hetsched._setup.plan_and_compile``)
+message where it gave one): the session's refusal path (``hetsched._session._setup.plan_and_compile``)
 then places the stage's units elsewhere, and a backend with a compile cache stores the refusal.
 A stage that passed and fails later at run time is a device failure (failover), not a refusal.
 

@@ -12,7 +12,7 @@ shared machine hits them alike:
   (one pinned worker per core running whole stages, single-threaded), fed as a stream:
   ``async with s.map(requests) as results`` (default ``window``: 8 per worker). The workers admit
   the stream's next request as they finish one and the event loop wakes about once per
-  ``window // 2`` results (``hetsched/_stream.py``);
+  ``window // 2`` results (``hetsched/_session/_stream.py``);
 * ``hetsched``: the same session fed by ``--clients`` concurrent tasks each awaiting
   ``run()`` in turn (two event-loop round trips per request, completions coalesced while
   every worker has queued work).

@@ -117,29 +117,28 @@ if _typing.TYPE_CHECKING:
 
     # Runtime and sessions: running requests through the stages, events and hooks.
     # isort: split
-    from ._delivery import Outputs as Outputs
     from ._events import CompileInfo as CompileInfo
     from ._events import Event as Event
     from ._events import EventInfo as EventInfo
     from ._events import Hooks as Hooks
     from ._events import Priority as Priority
     from ._events import ReplanInfo as ReplanInfo
-    from ._ort_session import InferenceSession as InferenceSession
-    from ._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
-    from ._replan import Replanning as Replanning
-    from ._replan import ReplanStatistics as ReplanStatistics
     from ._runtime import StageIO as StageIO
     from ._runtime import TransferInfo as TransferInfo
     from ._runtime._failover import FailoverStatistics as FailoverStatistics
-    from ._session import Session as Session
-    from ._session import SessionStatistics as SessionStatistics
-    from ._stream import ResultStream as ResultStream
-    from ._stream import StreamStatistics as StreamStatistics
-    from ._sync import SyncSession as SyncSession
+    from ._session._delivery import Outputs as Outputs
+    from ._session._ort_session import InferenceSession as InferenceSession
+    from ._session._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
+    from ._session._replan import Replanning as Replanning
+    from ._session._replan import ReplanStatistics as ReplanStatistics
+    from ._session._session import Session as Session
+    from ._session._session import SessionStatistics as SessionStatistics
+    from ._session._stream import ResultStream as ResultStream
+    from ._session._stream import StreamStatistics as StreamStatistics
+    from ._session._sync import SyncSession as SyncSession
 
     # Governor: phase-aware DVFS, its extension points (ClockPort, DomainSpec, PhaseModel) and hooks.
     # isort: split
-    from ._governed import GovernorHooks as GovernorHooks
     from ._governor import BatchAdvice as BatchAdvice
     from ._governor import BatchMeasurement as BatchMeasurement
     from ._governor import BatchOption as BatchOption
@@ -157,6 +156,7 @@ if _typing.TYPE_CHECKING:
     from ._governor import PhaseModel as PhaseModel
     from ._governor import PhaseStatistics as PhaseStatistics
     from ._governor import advise_batch_size as advise_batch_size
+    from ._session._governed import GovernorHooks as GovernorHooks
 
 # Public name -> module (relative to hetsched) that defines it; tests/test_startup.py checks
 # that it matches the imports above.
@@ -199,26 +199,26 @@ _LAZY: dict[str, str] = {
     "DeviceState": ".policies",
     "Placement": ".policies",
     "PlacementProblem": ".policies",
-    "Outputs": "._delivery",
+    "Outputs": "._session._delivery",
     "CompileInfo": "._events",
     "Event": "._events",
     "EventInfo": "._events",
     "Hooks": "._events",
     "Priority": "._events",
     "ReplanInfo": "._events",
-    "InferenceSession": "._ort_session",
-    "InferenceSessionStatistics": "._ort_session",
-    "Replanning": "._replan",
-    "ReplanStatistics": "._replan",
+    "InferenceSession": "._session._ort_session",
+    "InferenceSessionStatistics": "._session._ort_session",
+    "Replanning": "._session._replan",
+    "ReplanStatistics": "._session._replan",
     "StageIO": "._runtime",
     "TransferInfo": "._runtime",
     "FailoverStatistics": "._runtime._failover",
-    "Session": "._session",
-    "SessionStatistics": "._session",
-    "ResultStream": "._stream",
-    "StreamStatistics": "._stream",
-    "SyncSession": "._sync",
-    "GovernorHooks": "._governed",
+    "Session": "._session._session",
+    "SessionStatistics": "._session._session",
+    "ResultStream": "._session._stream",
+    "StreamStatistics": "._session._stream",
+    "SyncSession": "._session._sync",
+    "GovernorHooks": "._session._governed",
     "BatchAdvice": "._governor",
     "BatchMeasurement": "._governor",
     "BatchOption": "._governor",

@@ -28,7 +28,7 @@ from hetsched.policies import PlacementPolicy
 
 from ._planning.graph import GraphIndex
 from ._planning.model import load_model
-from ._sync import SyncSession
+from ._session._sync import SyncSession
 
 __all__ = ["HetschedBackend", "HetschedBackendRep", "backend_for", "prepare", "run_model", "run_node",
            "supports_device"]

@@ -21,7 +21,7 @@ from hetsched._cli import main
 from hetsched._cli._common import CompileProgress
 from hetsched._errors import CompileError
 from hetsched._events import HookDispatcher
-from hetsched._setup import CompileEvents
+from hetsched._session._setup import CompileEvents
 from hetsched.backends import Device
 from hetsched.lowlevel import SystemClock
 from hetsched.policies import PlacementProblem

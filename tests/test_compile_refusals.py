@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetsched
 from hetsched._errors import BackendUnavailableError, CompileError, PartitionError
-from hetsched._setup import CompileStatistics
+from hetsched._session._setup import CompileStatistics
 from hetsched.backends import Device
 from hetsched.policies import PlacementProblem
 from hetsched.testing import FakeBackend, FakeStage, fake_device

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hetsched._governed import DWELL_S
 from hetsched._governor import Governor, GovernorConfig, Phase
+from hetsched._session._governed import DWELL_S
 from hetsched._twin.live import LiveTwin
 
 

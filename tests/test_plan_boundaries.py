@@ -216,7 +216,7 @@ def test_a_plan_without_an_npu_has_no_offload_notes() -> None:
 
 
 def test_drift_waits_for_its_grace_period() -> None:
-    from hetsched._replan import Replanning, drift_reason
+    from hetsched._session._replan import Replanning, drift_reason
 
     config = Replanning(drift_min_runs=2, drift_grace_s=5.0)
     est, got = {"stage0": 1e-3}, {"stage0": (4e-3, 10)}

@@ -121,7 +121,7 @@ def test_small_units_of_the_classifier_stay_on_the_npu_with_the_sessions_shapes(
     # A session given shapes= plans on the model with those shapes fixed (load_index), so the
     # FLOPs are those it will run: with a free dimension counted as 1 they were ~90x low, each
     # small unit cost less than the NPU's launch, and the body went to a CPU cluster.
-    from hetsched._setup import load_index
+    from hetsched._session._setup import load_index
 
     devices = resolve_devices(["npu", "big", "little"], root=twin_root, available_cpus=range(8))
     index, _ = load_index(MODELS / CLS, {"x": SHAPES[CLS]})

@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import BufferLeakError, EventInfo, Hooks, RuntimeStateError, Session, StageExecutionError
-from hetsched._delivery import Outputs
 from hetsched._runtime import BufferState
 from hetsched._runtime._scheduler import StageIO
+from hetsched._session._delivery import Outputs
 from hetsched.policies import Pinned
 
 from _models import make_model as _model

@@ -23,7 +23,7 @@ from hetsched._planning.fold import fold_shape_arithmetic, shape_boundaries
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model, with_input_shapes
 from hetsched._planning.plan import build_plan
-from hetsched._setup import load_index, plan_and_compile, shape_refusals
+from hetsched._session._setup import load_index, plan_and_compile, shape_refusals
 from hetsched.testing import build_board_tree
 
 SHAPE = (1, 3, 64, 64)
@@ -149,7 +149,7 @@ def test_an_accelerator_session_names_every_free_dim_and_the_shape_to_pass(yolo:
 
 
 def test_ultralytics_imgsz_metadata_is_the_suggested_size(tmp_path: Path, twin_root: Path) -> None:
-    from hetsched._feeds import require_fixed_shapes
+    from hetsched._session._feeds import require_fixed_shapes
 
     model = yolov8_style()
     onnx.helper.set_model_props(model, {"imgsz": "[320, 416]"})

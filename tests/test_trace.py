@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import Device, Event, EventInfo, Hooks, Phase, Priority, Session
 from hetsched._runtime import Topology, rate_limited_copy
-from hetsched._trace_writer import TraceWriter
+from hetsched._session._trace_writer import TraceWriter
 from hetsched.policies import Pinned
 from hetsched.testing import build_board_tree
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 from hetsched import HetschedError, Session, TraceWriteError
 from hetsched._cli._plot_trace import load_trace
-from hetsched._trace_writer import TraceWriter
+from hetsched._session._trace_writer import TraceWriter
 
 F = TensorProto.FLOAT
 
@@ -137,7 +137,7 @@ def _cnn() -> onnx.ModelProto:
 
 @pytest.fixture
 def small_disk(monkeypatch: pytest.MonkeyPatch) -> list[FullDisk]:
-    import hetsched._trace_writer as tw
+    import hetsched._session._trace_writer as tw
 
     disks: list[FullDisk] = []
 

@@ -200,9 +200,9 @@ def require_shapes(model: str | os.PathLike[str], shapes: dict[str, tuple[int, .
     :raises FreeDimsError: free dims remain.
     :raises InputError: a ``--shape`` names no input or contradicts the model.
     """
-    from hetsched._feeds import require_fixed_shapes
     from hetsched._planning.graph import GraphIndex
     from hetsched._planning.model import load_model, with_input_shapes
+    from hetsched._session._feeds import require_fixed_shapes
 
     loaded = load_model(model, check=False, infer_shapes=not shapes)
     require_fixed_shapes(GraphIndex(with_input_shapes(loaded, shapes) if shapes else loaded), prog)
@@ -413,7 +413,7 @@ class Progress:
         self.advance_to(self.done + n, self.total)
 
     def advance_to(self, done: int, total: int) -> None:
-        """Set the count and the total (a :data:`hetsched._profiling.ProgressCallback`)."""
+        """Set the count and the total (a :data:`hetsched._session._profiling.ProgressCallback`)."""
         self.done, self.total = done, total
         if not self.enabled or self._finished:
             return

@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     from hetsched._planning.devices import resolve_devices
     from hetsched._planning.plan import build_plan
     from hetsched._rknn.manifest import ManifestEntry, write_manifest
-    from hetsched._setup import load_index
+    from hetsched._session._setup import load_index
     from hetsched.testing import build_board_tree
 
     from ._common import board_devices

@@ -176,7 +176,7 @@ def time_units(index: Any, plan: Any, feeds: Mapping[str, Any], repeats: int,
     is recorded (``error``) and the others go on. Blocking: call it from a worker thread."""
     from hetsched._errors import HetschedError
     from hetsched._planning.partition import extract_stage
-    from hetsched._profiling import unit_stage_specs
+    from hetsched._session._profiling import unit_stage_specs
     from hetsched.backends import get_backend
     from hetsched.backends.cpu import CpuBackend
 

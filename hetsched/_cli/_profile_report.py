@@ -240,7 +240,7 @@ def build_report(index: GraphIndex, plan: Plan, timings: Sequence[UnitTiming], c
     plus ``other_s[device]``, the kernels onnxruntime added); a unit
     with ``runs`` false only computes constants (``decided_by``: ``constant``).
     """
-    from hetsched._profiling import unit_stage_specs
+    from hetsched._session._profiling import unit_stage_specs
 
     running = {s.units[0] for s in unit_stage_specs(index, plan)}
     by_unit: dict[int, dict[str, UnitTiming]] = {}

@@ -271,8 +271,8 @@ def decision_log(enabled: bool) -> Iterator[None]:
 
 async def run_governed(args: argparse.Namespace, serve: Callable[[list], Awaitable[int]]) -> int:
     """``serve`` under the phase governor (``serve`` finds it on the hooks it is given)."""
-    from hetsched._governed import GovernorHooks
     from hetsched._governor import Governor, GovernorConfig
+    from hetsched._session._governed import GovernorHooks
 
     profile_path = Path(args.governor_profile) if args.governor_profile else None
     deadline = None if args.frame_deadline_ms is None else args.frame_deadline_ms / 1e3

@@ -60,7 +60,7 @@ def unit_key(index: GraphIndex, nodes: Sequence[int]) -> str:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """A device whose backend refused to compile a unit its capabilities claimed (found by
-    trying: see ``hetsched/_setup.py``); the unit is not offered to that device."""
+    trying: see ``hetsched/_session/_setup.py``); the unit is not offered to that device."""
 
     unit: int
     device: str

@@ -7,8 +7,8 @@ domain, a :class:`TransferEngine` between domains that do not share memory, and 
 
 What lives where: the Session wires (this module: lifecycle, planning and re-planning,
 statistics, the public calls); everything a request goes through once the session is open is
-the session core (``hetsched/_core.py``), shared by ``run()`` and ``map()`` streams
-(``hetsched/_stream.py``); feed checks, delivery and its zero-copy contract, profiling, setup
+the session core (``hetsched/_session/_core.py``), shared by ``run()`` and ``map()`` streams
+(``hetsched/_session/_stream.py``); feed checks, delivery and its zero-copy contract, profiling, setup
 helpers and :class:`~hetsched.SyncSession` have their own modules (``_feeds``, ``_delivery``,
 ``_profiling``, ``_setup``, ``_sync``).
 """
@@ -26,22 +26,22 @@ import onnx
 
 from hetsched.backends import Device
 
+from .._errors import RuntimeStateError
+from .._events import Priority
+from .._planning.costs import CostTable
+from .._planning.plan import Plan
+from .._runtime._buffers import BufferPool
+from .._runtime._domains import Topology
 from ._core import priority_value
 from ._delivery import Outputs
-from ._errors import RuntimeStateError
-from ._events import Priority
 from ._feeds import random_feeds
-from ._planning.costs import CostTable
-from ._planning.plan import Plan
+from ._lifecycle import SessionBase
 from ._profiling import profile_units
 from ._replan import ReplanStatistics
-from ._runtime._buffers import BufferPool
-from ._runtime._domains import Topology
-from ._session_base import SessionBase
-from ._session_stats import SessionStatistics, energy_fields
 from ._setup import (
     compile_counters,
 )
+from ._statistics import SessionStatistics, energy_fields
 from ._stream import ResultStream
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class Session(SessionBase):
         NPU stage's accuracy against fp32 onnxruntime is measured on them (``statistics()`` of the
         stage). Without it NPU stages stay fp16.
     :param trace: write a Chrome trace event JSON file here (opens in Perfetto's UI and
-        chrome://tracing; see ``hetsched/_trace.py``): a slice per stage run on its device's worker
+        chrome://tracing; see ``hetsched/_session/_trace.py``): a slice per stage run on its device's worker
         thread, requests, transfers per channel, governor phases, re-plans, and counters for every
         clock, thermal zone and rail of ``root`` sampled every 0.1 s. Written incrementally (bounded
         memory) and closed on every exit path; with a trace on, ``map()`` streams take the general
@@ -160,7 +160,7 @@ class Session(SessionBase):
 
     async def replan(self, *, reason: str = "requested", use_costs: bool = True) -> Plan:
         """Re-place the model now, while serving: sample the board, plan (in a worker thread),
-        compile the new stages in the background, then switch (see ``hetsched/_adapt.py``).
+        compile the new stages in the background, then switch (see ``hetsched/_session/_adapt.py``).
 
         Requests admitted after the switch use the new plan; those in flight finish on the
         old one, whose stages close once drained. Fires :attr:`Event.REPLAN` with ``reason``.
@@ -343,7 +343,7 @@ class Session(SessionBase):
                     use(out)
 
         The device workers admit the stream's next request as they finish one, and the event
-        loop is woken about once per ``window // 2`` results (see ``hetsched/_stream.py``):
+        loop is woken about once per ``window // 2`` results (see ``hetsched/_session/_stream.py``):
         the way to push a stream through at full throughput. Each result is what
         ``run(feeds, priority=priority, zero_copy=zero_copy)`` returns. ``run()`` stays the
         call for latency: a stream's result may wait until its batch is complete.
@@ -368,7 +368,7 @@ class Session(SessionBase):
 
         Units run one at a time in topological order on each device (with ``feeds`` or
         random inputs of the right types); the median of ``repeats`` runs goes into
-        :attr:`costs` under the unit's key (see ``hetsched/_profiling.py``). Returns the cost table.
+        :attr:`costs` under the unit's key (see ``hetsched/_session/_profiling.py``). Returns the cost table.
         ``progress(done, total)`` is called from the profiling thread after each unit run.
 
         :raises RuntimeStateError: the session is not open.

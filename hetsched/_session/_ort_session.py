@@ -7,7 +7,7 @@ then ``get_inputs()``, ``get_modelmeta()``, ``run(output_names, feeds)`` switche
 
 What maps to what:
 
-* ``providers`` are devices (see :func:`hetsched._ort_meta.choose_providers`): the CPU provider
+* ``providers`` are devices (see :func:`hetsched._session._ort_meta.choose_providers`): the CPU provider
   is the board's CPU clusters, TensorRT/CUDA its GPU (and a DLA core with ``trt_dla_enable``),
   ``RknpuExecutionProvider`` the RK3588 NPU; hetsched device specs (``"npu"``, ``"cpu:0-3"``)
   are accepted as they are. Keywords of hetsched's own: ``root=``, ``policy=``, ``shapes=``.
@@ -50,7 +50,7 @@ import anyio.from_thread
 import numpy as np
 import onnx
 
-from ._errors import (
+from .._errors import (
     HetschedError,
     InputError,
     InvalidModelError,
@@ -58,6 +58,9 @@ from ._errors import (
     ModelNotFoundError,
     RuntimeStateError,
 )
+from .._planning.devices import resolve_devices
+from .._planning.model import load_model
+from ..backends import Device
 from ._ort_meta import (
     ModelMetadata,
     NodeArg,
@@ -70,9 +73,6 @@ from ._ort_meta import (
     overridable_initializers,
     provider_for_device,
 )
-from ._planning.devices import resolve_devices
-from ._planning.model import load_model
-from .backends import Device
 
 __all__ = ["InferenceSession", "InferenceSessionStatistics", "ort_compatible"]
 

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._errors import HetschedError
-from ._snapshot import Snapshot
+from .._errors import HetschedError
+from .._snapshot import Snapshot
 
 __all__ = ["CounterSampler", "counter_events"]
 
@@ -77,9 +77,9 @@ class CounterSampler:
                  to_us: Callable[[float], float]) -> CounterSampler | None:
         """A sampler for ``root``, or None when it has no clock domain, zone or rail, or cannot
         be read (a trace without counters is still a trace). Blocking: discovery walks the tree."""
-        from ._estimators import power_estimator_for
-        from ._platform.discovery import discover
-        from ._platform.telemetry import Telemetry
+        from .._estimators import power_estimator_for
+        from .._platform.discovery import discover
+        from .._platform.telemetry import Telemetry
 
         try:
             platform = discover(root)

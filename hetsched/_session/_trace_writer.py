@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from ._errors import TraceWriteError
+from .._errors import TraceWriteError
 
 __all__ = ["TraceStatistics", "TraceWriter"]
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ._errors import FreeDimsError, InputError
-from ._planning.graph import GraphIndex
+from .._errors import FreeDimsError, InputError
+from .._planning.graph import GraphIndex
 
 __all__ = ["STATIC_SHAPE_BACKENDS", "EXAMPLE_BATCH", "EXAMPLE_IMAGE_SIDE", "EXAMPLE_OTHER_DIM", "FeedChecker", "free_dims", "np_dtype",
            "random_feeds", "require_fixed_shapes"]

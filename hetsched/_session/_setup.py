@@ -19,19 +19,19 @@ from onnx import numpy_helper
 
 from hetsched.backends import CompiledStage, Device, get_backend
 
-from ._compat import add_note
-from ._errors import CompileError, TransferError
-from ._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
-from ._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
-from ._planning.fold import fold_shape_arithmetic, shape_boundaries
-from ._planning.graph import GraphIndex
-from ._planning.model import ModelSource, load_model, with_input_shapes
-from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
-from ._planning.plan import Plan, unit_key
-from ._runtime._clock import Clock
-from ._runtime._domains import MemoryDomain, MemoryKind, Topology
-from ._runtime._scheduler import StageRuntime
-from ._runtime._transfer import TransferInfo
+from .._compat import add_note
+from .._errors import CompileError, TransferError
+from .._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
+from .._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
+from .._planning.fold import fold_shape_arithmetic, shape_boundaries
+from .._planning.graph import GraphIndex
+from .._planning.model import ModelSource, load_model, with_input_shapes
+from .._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
+from .._planning.plan import Plan, unit_key
+from .._runtime._clock import Clock
+from .._runtime._domains import MemoryDomain, MemoryKind, Topology
+from .._runtime._scheduler import StageRuntime
+from .._runtime._transfer import TransferInfo
 
 __all__ = [
     "CompileEvents",

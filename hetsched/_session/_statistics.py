@@ -12,12 +12,12 @@ from typing import Any
 from hetsched.backends import Device
 from hetsched.policies import DeviceState
 
-from ._errors import HetschedError
+from .._errors import HetschedError
+from .._runtime._buffers import PoolStatistics
+from .._runtime._failover import FailoverStatistics
+from .._runtime._scheduler import Scheduler, StageRuntime
+from .._runtime._transfer import TransferStatistics
 from ._replan import ReplanStatistics
-from ._runtime._buffers import PoolStatistics
-from ._runtime._failover import FailoverStatistics
-from ._runtime._scheduler import Scheduler, StageRuntime
-from ._runtime._transfer import TransferStatistics
 from ._setup import CompileStatistics
 
 __all__ = ["BoardSampler", "SessionStatistics", "energy_fields"]
@@ -63,7 +63,7 @@ class SessionStatistics:
     """The transfer engine's snapshot (None before the session opened)."""
     compile: CompileStatistics = field(default_factory=CompileStatistics)
     """Conversions, cache hits and conversion seconds of the backends since the session opened,
-    and the (unit, device) pairs refused by trying (see ``hetsched/_setup.py``)."""
+    and the (unit, device) pairs refused by trying (see ``hetsched/_session/_setup.py``)."""
     energy_j: float | None = None
     """Joules of every stage run so far (plans re-placed away included), where the backends
     report energy; None when none does."""
@@ -138,13 +138,13 @@ class BoardSampler:
     def sample(self, devices: Sequence[Device]) -> Mapping[str, DeviceState] | None:
         """The states of ``devices`` now, or None where the root has no telemetry (no thermal
         zone, no clock domain: a host like a CI machine) or could not be read."""
-        from ._planning.states import device_states
+        from .._planning.states import device_states
 
         try:
             if self._telemetry is None:
-                from ._estimators import power_estimator_for
-                from ._platform.discovery import discover
-                from ._platform.telemetry import Telemetry
+                from .._estimators import power_estimator_for
+                from .._platform.discovery import discover
+                from .._platform.telemetry import Telemetry
 
                 platform = discover(self.root)
                 self._telemetry = Telemetry(self.root, estimator=power_estimator_for(platform), platform=platform)

@@ -25,13 +25,13 @@ from typing import Any, Protocol
 
 import anyio
 
+from .._errors import InputError, RuntimeStateError
+from .._events import Event, EventInfo, HookDispatcher, Priority
+from .._runtime._clock import Clock
+from .._runtime._domains import Topology
+from .._runtime._scheduler import Admission, CompletionSink, Request, Scheduler, StageRuntime
 from ._delivery import Outputs, deliver
-from ._errors import InputError, RuntimeStateError
-from ._events import Event, EventInfo, HookDispatcher, Priority
 from ._feeds import FeedChecker
-from ._runtime._clock import Clock
-from ._runtime._domains import Topology
-from ._runtime._scheduler import Admission, CompletionSink, Request, Scheduler, StageRuntime
 
 __all__ = ["PRIORITIES", "CoreStream", "SessionCore", "priority_value"]
 
@@ -248,7 +248,7 @@ class SessionCore:
                           energy_j=req.energy_j if req is not None and req.energy_j else None)
 
     def deliver(self, req: Request, zero_copy: bool) -> dict[str, Any] | Outputs:
-        """Close the finished ``req`` and hand its outputs over (see ``hetsched/_delivery.py``).
+        """Close the finished ``req`` and hand its outputs over (see ``hetsched/_session/_delivery.py``).
 
         :raises InputError: a wanted output is an optional input that was not fed.
         """

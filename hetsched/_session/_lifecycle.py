@@ -1,5 +1,5 @@
 """The wiring under :class:`~hetsched.Session`: its state, opening and closing, planning and
-installing plans (the public calls are in ``hetsched/_session.py``).
+installing plans (the public calls are in ``hetsched/_session/_session.py``).
 
 Opening: load the model, resolve the devices, make the pools, the transfer engine and the
 scheduler, sample the board, plan and compile (``background_compile``: the slow backends'
@@ -20,24 +20,23 @@ import anyio
 from hetsched.backends import Device, get_backend
 from hetsched.policies import DeviceState, PlacementPolicy, get_policy
 
+from .._compat import Self
+from .._errors import BufferLeakError, PartitionError, PlacementError, RuntimeStateError
+from .._events import Event, HookDispatcher
+from .._planning.costs import CostTable
+from .._planning.devices import resolve_devices
+from .._planning.graph import GraphIndex
+from .._planning.model import ModelSource
+from .._planning.plan import Plan, build_plan
+from .._runtime._buffers import BufferPool, pools_for
+from .._runtime._clock import Clock, SystemClock
+from .._runtime._domains import Topology
+from .._runtime._scheduler import Scheduler, StageRuntime
+from .._runtime._transfer import CopyFn, TransferEngine
 from ._adapt import Adapter
-from ._compat import Self
 from ._core import SessionCore
-from ._errors import BufferLeakError, PartitionError, PlacementError, RuntimeStateError
-from ._events import Event, HookDispatcher
 from ._feeds import STATIC_SHAPE_BACKENDS, FeedChecker, require_fixed_shapes
-from ._planning.costs import CostTable
-from ._planning.devices import resolve_devices
-from ._planning.graph import GraphIndex
-from ._planning.model import ModelSource
-from ._planning.plan import Plan, build_plan
 from ._replan import Replanning
-from ._runtime._buffers import BufferPool, pools_for
-from ._runtime._clock import Clock, SystemClock
-from ._runtime._domains import Topology
-from ._runtime._scheduler import Scheduler, StageRuntime
-from ._runtime._transfer import CopyFn, TransferEngine
-from ._session_stats import BoardSampler
 from ._setup import (
     CompileEvents,
     CompileStatistics,
@@ -48,6 +47,7 @@ from ._setup import (
     output_sources,
     plan_and_compile,
 )
+from ._statistics import BoardSampler
 
 if TYPE_CHECKING:
     from ._trace import SessionTrace
@@ -308,7 +308,7 @@ class SessionBase:
                               device_states=states, costs=self.costs if use_costs else None)
 
         if self._calibration_feeds is not None and self._calibration is None:
-            from ._rknn.calibrate import CalibrationSet
+            from .._rknn.calibrate import CalibrationSet
 
             self._calibration = CalibrationSet(index.model, self._calibration_feeds)
         return plan_and_compile(index, build, self._refusals, shapes=self._shapes, calibration=self._calibration,

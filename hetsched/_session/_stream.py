@@ -32,7 +32,7 @@ sharing the first: ready results would otherwise take the places of running requ
 leave the workers short of queued work, and the loop would wake more often per request
 (``benchmarks/throughput.py`` measures it).
 
-Everything a stream does to the session goes through the session core (``hetsched/_core.py``:
+Everything a stream does to the session goes through the session core (``hetsched/_session/_core.py``:
 admission slots, feed checks, request submission, delivery, counters); the scheduler tells
 the stream of each finished request through :meth:`ResultStream.request_finished`.
 
@@ -54,9 +54,9 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .._errors import InputError, RuntimeStateError
+from .._runtime._scheduler import Request
 from ._core import SessionCore
-from ._errors import InputError, RuntimeStateError
-from ._runtime._scheduler import Request
 
 __all__ = ["ResultStream", "StreamStatistics"]
 

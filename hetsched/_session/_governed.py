@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._events import EventInfo, Hooks
+from .._events import EventInfo, Hooks
 
 __all__ = ["DWELL_S", "GovernorHooks"]
 
@@ -39,7 +39,7 @@ class GovernorHooks(Hooks):
     """
 
     def __init__(self, governor: Any, *, dwell_s: float | None = DWELL_S):
-        from ._governor import Phase
+        from .._governor import Phase
 
         self.governor = governor
         engine = getattr(governor, "engine", None)

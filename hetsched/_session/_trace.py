@@ -3,10 +3,10 @@
 :class:`SessionTrace` turns a session's hook events into Chrome trace events (the JSON format
 Perfetto's UI and chrome://tracing load; spec:
 https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU) and hands them
-to a :class:`~hetsched._trace_writer.TraceWriter`. What a viewer shows, process by process::
+to a :class:`~hetsched._session._trace_writer.TraceWriter`. What a viewer shows, process by process::
 
     board            counters: freq <domain> (MHz), temp <zone> (C), power <rail> (W), sampled
-                     every ``period_s`` when the root has telemetry (hetsched/_trace_counters.py)
+                     every ``period_s`` when the root has telemetry (hetsched/_session/_trace_counters.py)
     governor         one slice per DVFS phase (name = the phase; args: the clock targets)
     device <name>    a thread per device worker thread: one slice per stage run (name = the
                      stage; args: request id, priority, bound, energy_j where a backend reports
@@ -39,9 +39,9 @@ from typing import Any
 
 import anyio
 
-from ._errors import TraceWriteError
-from ._events import EventInfo, Hooks
-from ._runtime._clock import Clock
+from .._errors import TraceWriteError
+from .._events import EventInfo, Hooks
+from .._runtime._clock import Clock
 from ._trace_counters import CounterSampler
 from ._trace_writer import TraceStatistics, TraceWriter
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from hetsched.backends import get_backend
 
-from ._errors import BackendError
-from ._planning.costs import CostTable
-from ._planning.graph import GraphIndex
-from ._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
-from ._planning.plan import Plan, unit_key
-from ._platform.affinity import pin_current_thread
+from .._errors import BackendError
+from .._planning.costs import CostTable
+from .._planning.graph import GraphIndex
+from .._planning.partition import StageSpec, UnitDraft, extract_stage, merge_stages
+from .._planning.plan import Plan, unit_key
+from .._platform.affinity import pin_current_thread
 
 __all__ = ["ProgressCallback", "profile_units", "unit_stage_specs"]
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InputError, RuntimeStateError
-from ._runtime._buffers import TensorBuffer
-from ._runtime._scheduler import _MISSING
+from .._errors import InputError, RuntimeStateError
+from .._runtime._buffers import TensorBuffer
+from .._runtime._scheduler import _MISSING
 
 __all__ = ["Outputs", "deliver"]
 

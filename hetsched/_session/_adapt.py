@@ -8,7 +8,7 @@
   admitted from then on use it, requests in flight finish on the old plan (see
   ``hetsched/_runtime/_generation.py``), whose stages close once drained. Re-plans are serialized.
 * the monitor task: every ``Replanning.period_s`` it samples device states and measured stage
-  costs and re-plans when :func:`hetsched._replan.decide_replan` or ``drift_reason`` says so;
+  costs and re-plans when :func:`hetsched._session._replan.decide_replan` or ``drift_reason`` says so;
 * failover: a device the scheduler quarantined (``hetsched/_runtime/_failover.py``) is left out
   of the next plan; when no plan can do without it, it stays and its parked requests start over
   on it (those that already did ``quarantine_after`` times fail).
@@ -27,13 +27,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from hetsched.policies import DeviceState
 
-from ._errors import HetschedError
-from ._events import Event, EventInfo, HookDispatcher, ReplanInfo
+from .._errors import HetschedError
+from .._events import Event, EventInfo, HookDispatcher, ReplanInfo
+from .._runtime._failover import Failover
+from .._runtime._generation import Generation
+from .._runtime._scheduler import Scheduler
+from .._runtime._workers import close_states
 from ._replan import ReplanFlags, Replanning, ReplanStatistics, decide_replan, drift_reason
-from ._runtime._failover import Failover
-from ._runtime._generation import Generation
-from ._runtime._scheduler import Scheduler
-from ._runtime._workers import close_states
 
 __all__ = ["Adapter"]
 
@@ -348,8 +348,8 @@ class Adapter:
 
     def board_figures(self, current: Sequence[Any]) -> dict[str, Any]:
         """The energy and busy-time fields of ``SessionStatistics`` (see
-        ``hetsched._session_stats.energy_fields``), consistent with plans closing meanwhile."""
-        from ._session_stats import energy_fields
+        ``hetsched._session._statistics.energy_fields``), consistent with plans closing meanwhile."""
+        from ._statistics import energy_fields
 
         with self._close_lock:
             return energy_fields(self._scheduler, current, self._retired_energy, dict(self._retired_busy))

@@ -13,12 +13,12 @@ from typing import Any, Literal, overload
 import anyio.from_thread
 import numpy as np
 
+from .._errors import RuntimeStateError
+from .._events import Priority
+from .._planning.costs import CostTable
+from .._planning.model import ModelSource
+from .._planning.plan import Plan
 from ._delivery import Outputs
-from ._errors import RuntimeStateError
-from ._events import Priority
-from ._planning.costs import CostTable
-from ._planning.model import ModelSource
-from ._planning.plan import Plan
 from ._session import Session, SessionStatistics
 
 __all__ = ["SyncSession"]
