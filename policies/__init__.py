@@ -1,7 +1,8 @@
 """Placement policies (installed as ``hetsched.policies``).
 
 A policy is a pure, synchronous function of a :class:`PlacementProblem` returning a
-:class:`Placement`. Built-ins: :class:`PowerThermalWeighted` (``"power-thermal"``),
+:class:`Placement`. Several models on one board are placed jointly: the problem carries the
+other sessions' loads (:class:`Reservation`) and the model's priority and SLO. Built-ins: :class:`PowerThermalWeighted` (``"power-thermal"``),
 :class:`HEFT` (``"heft"``), :class:`Pinned` (``"pinned:DEVICE"``) and
 :class:`RandomPolicy` (``"random"`` or ``"random:SEED"``). Third-party policies
 register a class or factory under the entry-point group ``hetsched.policies``.
@@ -18,18 +19,21 @@ from hetsched._errors import PlacementError
 from ._builtin import HEFT, W_ENERGY_S_PER_J, Pinned, PowerThermalWeighted, RandomPolicy
 from ._consolidate import consolidate, makespan
 from ._problem import (
+    MAX_RESERVED_SHARE,
     DeviceState,
     DeviceStateInputs,
     Link,
     Placement,
     PlacementPolicy,
     PlacementProblem,
+    Reservation,
     Unit,
     validate_placement,
 )
 
 __all__ = [
     "HEFT",
+    "MAX_RESERVED_SHARE",
     "DeviceState",
     "DeviceStateInputs",
     "Link",
@@ -39,6 +43,7 @@ __all__ = [
     "PlacementProblem",
     "PowerThermalWeighted",
     "RandomPolicy",
+    "Reservation",
     "Unit",
     "W_ENERGY_S_PER_J",
     "consolidate",

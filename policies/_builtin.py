@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 
 from hetsched._errors import PlacementError
 
-from ._consolidate import consolidate
+from ._consolidate import consolidate, makespan
 from ._problem import Placement, PlacementProblem, Unit
 
 __all__ = ["HEFT", "W_ENERGY_S_PER_J", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
@@ -21,6 +21,41 @@ fast devices toward the one that spends less. A device ``k`` times faster than a
 the unit unless it draws more than ``(k - 1) / w_energy`` watts above ``k`` times the slower
 one's power (50 W at ``k = 1.5`` with this default: beyond what an edge SoC's devices differ
 by), so the default does not trade a clear speed win for energy; raise it to do so."""
+
+
+def _check_weight(w: float) -> float:
+    """:raises PlacementError: ``w`` is not a number in [0, 1]."""
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0:
+        raise PlacementError(f"lower_priority_weight must be a number in [0, 1], got {w!r}")
+    return float(w)
+
+
+def _joint(problem: PlacementProblem, lower_priority_weight: float,
+           place: Callable[[PlacementProblem], Placement]) -> Placement:
+    """Place ``problem`` jointly with the sessions already on the board, and for its SLO.
+
+    The other sessions' reservations are priced into the costs (:meth:`PlacementProblem.contended`:
+    a device they keep busy ahead of this model stretches its units by ``1 / (1 - share)``), so a
+    second model goes where the first leaves room. With ``problem.slo_s`` set and the placement's
+    estimated latency (:func:`makespan` on the priced costs) above it, the model is placed again
+    on latency alone (HEFT without an energy term: its deadline comes before energy and
+    headroom), and that placement is kept when it is faster. Every unit's terms gain
+    ``contention`` (the factor its device's cost was stretched by).
+    """
+    priced = problem.contended(lower_priority_weight=lower_priority_weight)
+    placement = place(priced)
+    if problem.slo_s is not None:
+        est = makespan(priced, placement.assignment)
+        if est > problem.slo_s:
+            fast = HEFT(w_energy=0.0)._place(priced)
+            if makespan(priced, fast.assignment) < est:
+                placement = Placement(fast.assignment, f"{placement.policy}+slo", fast.scores)
+    if problem.reservations:
+        factor = {d: problem.contention_factor(d, lower_priority_weight=lower_priority_weight) for d in problem.devices}
+        scores = {u: {d: {**t, "contention": factor.get(d, 1.0)} for d, t in by_dev.items()}
+                  for u, by_dev in placement.scores.items()}
+        placement = Placement(placement.assignment, placement.policy, scores)
+    return placement
 
 
 def _clamp01(x: float) -> float:
@@ -56,13 +91,18 @@ class PowerThermalWeighted:
 
     def __init__(self, w_util: float = 0.4, w_temp: float = 0.3, w_power: float = 0.3, *,
                  w_energy: float = W_ENERGY_S_PER_J, min_score: float = 0.05, sharpness: float = 1.0,
-                 consolidate: bool = True):
+                 consolidate: bool = True, lower_priority_weight: float = 0.0):
         """:param w_energy: seconds of finish time one joule is worth (:data:`W_ENERGY_S_PER_J`);
             0 ignores energy.
         :param consolidate: after placing, fold islands of units into the device around them
             where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
-        :raises PlacementError: a negative weight, all headroom weights zero, or a bad ``w_energy``.
+        :param lower_priority_weight: how much of a less urgent session's reservation counts
+            against a device (:meth:`PlacementProblem.reserved_share`; 0: a priority scheduler
+            serves this model first).
+        :raises PlacementError: a negative weight, all headroom weights zero, a bad ``w_energy``
+            or ``lower_priority_weight``.
         """
+        self.lower_priority_weight = _check_weight(lower_priority_weight)
         if min(w_util, w_temp, w_power) < 0 or w_util + w_temp + w_power <= 0:
             raise PlacementError("PowerThermalWeighted weights w_util/w_temp/w_power must be non-negative "
                                  f"and not all zero, got {w_util!r}/{w_temp!r}/{w_power!r}")
@@ -78,6 +118,10 @@ class PowerThermalWeighted:
                 + self.w_power * _clamp01(power_headroom))
 
     def place(self, problem: PlacementProblem) -> Placement:
+        """Place jointly with the reservations and for the SLO (see :func:`_joint`)."""
+        return _joint(problem, self.lower_priority_weight, self._place)
+
+    def _place(self, problem: PlacementProblem) -> Placement:
         scores_by_dev = {
             name: self.score(st.utilisation, st.temp_headroom, st.power_headroom)
             for name, st in problem.devices.items()
@@ -132,7 +176,7 @@ class HEFT:
     """
 
     def __init__(self, insertion: bool = True, *, gap_window: int | None = 64, consolidate: bool = True,
-                 w_energy: float = W_ENERGY_S_PER_J):
+                 w_energy: float = W_ENERGY_S_PER_J, lower_priority_weight: float = 0.0):
         """:param insertion: insert into idle gaps of a device's timeline (classic HEFT).
         :param gap_window: examine at most this many gaps after a unit's ready time (None =
             all). Exact insertion HEFT is quadratic on long graphs, where timelines fill with
@@ -141,14 +185,22 @@ class HEFT:
             where the schedule estimate improves (:func:`hetsched.policies.consolidate`).
         :param w_energy: seconds of finish time one joule is worth (:data:`W_ENERGY_S_PER_J`);
             0 gives classic latency-only HEFT.
-        :raises PlacementError: ``w_energy`` is not a finite number >= 0.
+        :param lower_priority_weight: how much of a less urgent session's reservation counts
+            against a device (:meth:`PlacementProblem.reserved_share`).
+        :raises PlacementError: ``w_energy`` is not a finite number >= 0, or a bad
+            ``lower_priority_weight``.
         """
         self.w_energy = _check_w_energy(w_energy)
+        self.lower_priority_weight = _check_weight(lower_priority_weight)
         self.consolidate = consolidate
         self.insertion = insertion
         self.gap_window = gap_window
 
     def place(self, problem: PlacementProblem) -> Placement:
+        """Place jointly with the reservations and for the SLO (see :func:`_joint`)."""
+        return _joint(problem, self.lower_priority_weight, self._place)
+
+    def _place(self, problem: PlacementProblem) -> Placement:
         units = {u.id: u for u in problem.units}
         cost = problem.cost
         avg: dict[int, float] = {

@@ -6,22 +6,29 @@ awaits, so it can be tested on hand-written data and reused by the simulator.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from hetsched._errors import PlacementError
 
 __all__ = [
+    "MAX_RESERVED_SHARE",
     "DeviceState",
     "DeviceStateInputs",
     "Link",
     "Placement",
     "PlacementPolicy",
     "PlacementProblem",
+    "Reservation",
     "Unit",
     "validate_placement",
 ]
+
+MAX_RESERVED_SHARE = 0.95
+"""The most of a device's time other sessions are taken to leave unused: a device they keep
+busy beyond this (saturated) is priced as if it had 5 % of its time left (20x its cost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,36 @@ class Link:
         return self.latency_s + nbytes * self.seconds_per_byte
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The load another session, already placed on the board, puts on its devices (plain data).
+
+    ``busy_share[device]`` is the fraction of the device's time that session's requests take at
+    its offered rate (its stages' seconds per request on the device x requests per second; a
+    closed-loop session keeps its devices busy: up to 1.0). ``priority`` is its
+    :class:`hetsched.Priority` value (smaller is more urgent), ``slo_s`` its requests' deadline.
+    """
+
+    session: str
+    busy_share: Mapping[str, float]
+    priority: int = 2
+    slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for dev, share in self.busy_share.items():
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not (
+                math.isfinite(share) and share >= 0
+            ):
+                raise PlacementError(
+                    f"reservation of session {self.session!r}: busy share {share!r} of device {dev!r} "
+                    "must be a finite number >= 0"
+                )
+        if self.slo_s is not None and not (
+            isinstance(self.slo_s, (int, float)) and math.isfinite(self.slo_s) and self.slo_s > 0
+        ):
+            raise PlacementError(f"reservation of session {self.session!r}: slo_s {self.slo_s!r} must be > 0")
+
+
 @dataclass(frozen=True)
 class PlacementProblem:
     """Everything a policy may look at.
@@ -102,6 +139,13 @@ class PlacementProblem:
     prices a transfer from device ``a`` to device ``b`` (missing pair = free).
     ``energy[(unit_id, device)]`` is the joules one run of the unit spends on the device
     (modelled or measured); a missing pair is unknown.
+
+    Joint placement (several models on one board): ``reservations`` are the other sessions'
+    loads (:class:`Reservation`), ``priority`` (a :class:`hetsched.Priority` value) and
+    ``slo_s`` (the deadline of one request, None: none) this model's. :meth:`contended` prices
+    the reservations into ``cost``; the built-in policies place on that, and a model with an
+    SLO its placement misses is placed again for latency alone (its deadline before energy
+    and headroom).
     """
 
     units: tuple[Unit, ...]
@@ -110,6 +154,47 @@ class PlacementProblem:
     edges: Mapping[tuple[int, int], float] = field(default_factory=dict)
     links: Mapping[tuple[str, str], Link] = field(default_factory=dict)
     energy: Mapping[tuple[int, str], float] = field(default_factory=dict)
+    reservations: tuple[Reservation, ...] = ()
+    priority: int = 2
+    slo_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.slo_s is not None and (
+            isinstance(self.slo_s, bool) or not isinstance(self.slo_s, (int, float))
+            or not (math.isfinite(self.slo_s) and self.slo_s > 0)
+        ):
+            raise PlacementError(f"PlacementProblem.slo_s = {self.slo_s!r}: must be a finite number of seconds > 0")
+
+    def reserved_share(self, device: str, *, lower_priority_weight: float = 0.0) -> float:
+        """The share of ``device``'s time the other sessions keep it busy *ahead of this model*.
+
+        A scheduler that orders by priority class serves this model before a less urgent
+        session's queued stages, so their load counts ``lower_priority_weight`` (default 0:
+        they cost it at most the stage in progress, not priced); an equally or more urgent
+        session's counts fully.
+        """
+        total = 0.0
+        for r in self.reservations:
+            share = r.busy_share.get(device, 0.0)
+            total += share if r.priority <= self.priority else share * lower_priority_weight
+        return total
+
+    def contention_factor(self, device: str, *, lower_priority_weight: float = 0.0) -> float:
+        """How much longer a unit takes on ``device`` for the time others keep it busy:
+        ``1 / (1 - share)``, the share capped at :data:`MAX_RESERVED_SHARE` (a device shared
+        in time gives this model what the others leave; its cost stretches accordingly)."""
+        share = min(self.reserved_share(device, lower_priority_weight=lower_priority_weight), MAX_RESERVED_SHARE)
+        return 1.0 / (1.0 - share)
+
+    def contended(self, *, lower_priority_weight: float = 0.0) -> PlacementProblem:
+        """This problem with the reservations priced into ``cost`` (each unit's seconds on a
+        device times the device's :meth:`contention_factor`) and then dropped, so pricing
+        twice changes nothing. Without reservations: ``self``."""
+        if not self.reservations:
+            return self
+        factor = {d: self.contention_factor(d, lower_priority_weight=lower_priority_weight) for d in self.devices}
+        cost = {(u, d): c * factor.get(d, 1.0) for (u, d), c in self.cost.items()}
+        return replace(self, cost=cost, reservations=())
 
     def energy_excess_j(self, unit: Unit) -> dict[str, float]:
         """Per candidate of ``unit`` with a known energy: its joules above the least known one.

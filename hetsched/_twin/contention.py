@@ -1,0 +1,209 @@
+"""Contention on the twin: a simulated device is shared in time, DRAM bandwidth between devices.
+
+The SoC twin (a labelled simulator) models one stage run *alone* with a roofline at the
+domain's clocks (``hetsched._planning.costs.roofline``): ``t = max(t_compute, t_memory)``.
+When several runs are in flight on one board at once (two sessions on the NPU, a detector on
+the NPU while a classifier runs on the GPU), this module stretches each of them:
+
+**Device sharing (processor sharing).** A twin device's lone-run figure already uses the whole
+device (the RK3588 twin's ``npu`` is its three cores, ``ops_per_cycle = 3 x 2048``; an RKNN
+context is bound to cores, so two models on the whole NPU split its cores between them; a
+device built on one core, like the RKNN backend's ``npu:1``, is a device of its own and shares
+nothing but DRAM with the others). With ``n`` runs in flight on one device, each progresses at
+``1/n`` of its lone rate: a run's modelled latency is ``t x n`` while the other stays, and the
+device's busy time is the sum of the runs' own (lone) times, not of their latencies. This is
+the fluid form of "one stage at a time per device": the same total busy time and the same
+mean, without choosing who goes first (that is the scheduler's business, not the board's).
+
+**Memory bandwidth (fair share at saturation).** A run of lone time ``t`` with memory time
+``t_m`` demands ``d = t_m / t`` of the DRAM's peak while it progresses at full rate, ``d / n``
+while it shares its device. When the demands of every run in flight on the board add up to
+``U > 1``, the bus is saturated and each run's memory-bound fraction stretches by ``U``:
+``m = 1 + d x (U - 1)``. The stall keeps the device busy (the kernel counts it as load), so a
+run's busy time is ``t x m`` and its latency ``t x m x n``. Sources
+(``/work/shared/reference/multi-model.md`` §2): HaX-CoNN (PPoPP'24) measured concurrent DNNs
+on Orin/Xavier's GPU + DLA slowing each other through shared DRAM, little while demand is low
+(the DLA model slowed 0-3 % beside a GPU model, Table 7), and models the slowdown from each
+layer group's memory-throughput demand (PCCS, MICRO'21); below saturation this model adds
+nothing (PCCS's sub-saturation regions are not modelled). RK3588: the NPU has 3 cores and
+RKNN contexts are per core (rknn_api.h ``rknn_set_core_mask``); the twin's NPU device is the
+three-core figure, shared as above.
+
+The overlap is observed on the clock the board's runs are timed on: the host's monotonic
+clock for live sessions (two sessions' stages really running at once on the host), an injected
+clock in tests and in a board-time replay (``benchmarks/multi_model.py``). Between two
+changes of the set of runs in flight the stretch is constant; a run's factors are their
+averages over its own interval.
+
+Boards are keyed (:func:`shared_board`) by the twin root a device belongs to, else by the
+profile's name: two sessions of one process on ``twin_devices("rk3588")`` share one board.
+Sessions in different processes on one root are not seen by each other here (the live twin
+still sums their busy reports, so its loads, clocks, temperatures and energy follow the sum).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._errors import TwinError
+
+__all__ = [
+    "BoardContention",
+    "BoardContentionStatistics",
+    "RunToken",
+    "SharedRun",
+    "shared_board",
+]
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One run's modelled figures on a shared board (board seconds)."""
+
+    alone_s: float
+    """The run's lone time (roofline at the clocks it started at)."""
+    latency_s: float
+    """Its modelled time with the sharing: ``alone_s x memory_stretch x device_share``."""
+    busy_s: float
+    """The device time that is its own: ``alone_s x memory_stretch`` (what the device's busy time sums)."""
+    memory_s: float
+    """Seconds the memory was busy for it: its memory time stretched like its busy time."""
+    device_share: float
+    """Mean number of runs in flight on its device over its interval (1: alone)."""
+    memory_stretch: float
+    """Mean stretch of its time from a saturated DRAM (1: no saturation)."""
+
+
+@dataclass
+class RunToken:
+    """A run in flight (returned by :meth:`BoardContention.begin`, given to :meth:`~BoardContention.end`)."""
+
+    device: str
+    alone_s: float
+    memory_s: float
+    demand: float
+    started: float
+    last: float = 0.0
+    share_integral: float = 0.0
+    stretch_integral: float = 0.0
+    open: bool = True
+
+
+@dataclass(frozen=True)
+class BoardContentionStatistics:
+    runs: int
+    """Runs ended."""
+    in_flight: int
+    shared_runs: int
+    """Runs that had another run on their device at some point."""
+    stretched_runs: int
+    """Runs slowed by a saturated DRAM at some point."""
+    busy_s: dict[str, float] = field(default_factory=dict)
+    """Per device: the sum of its runs' busy seconds (board time)."""
+    latency_s: dict[str, float] = field(default_factory=dict)
+    """Per device: the sum of its runs' modelled latencies."""
+
+
+class BoardContention:
+    """The runs in flight on one twin board and the sharing between them. Thread-safe.
+
+    :param clock: seconds on the clock the runs are timed on (default ``time.monotonic``).
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._active: list[RunToken] = []
+        self._runs = 0
+        self._shared = 0
+        self._stretched = 0
+        self._busy: dict[str, float] = {}
+        self._latency: dict[str, float] = {}
+
+    def _factors(self) -> tuple[dict[str, int], float]:
+        per_device: dict[str, int] = {}
+        for r in self._active:
+            per_device[r.device] = per_device.get(r.device, 0) + 1
+        demand = sum(r.demand / per_device[r.device] for r in self._active)
+        return per_device, demand
+
+    def _advance(self, now: float) -> None:
+        """Accumulate every run's share and stretch up to ``now`` (the set in flight was constant)."""
+        if not self._active:
+            return
+        per_device, demand = self._factors()
+        excess = max(0.0, demand - 1.0)
+        for r in self._active:
+            dt = now - r.last
+            if dt > 0:
+                r.share_integral += dt * per_device[r.device]
+                r.stretch_integral += dt * (1.0 + r.demand * excess)
+                r.last = now
+
+    def begin(self, device: str, alone_s: float, memory_s: float = 0.0) -> RunToken:
+        """A run of lone time ``alone_s`` (of which ``memory_s`` memory time) starts on ``device``.
+
+        :raises TwinError: a time that is not a finite number >= 0, or ``memory_s > alone_s``.
+        """
+        for what, v in (("alone_s", alone_s), ("memory_s", memory_s)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 <= v < math.inf):
+                raise TwinError(f"contention: {what} = {v!r} must be a finite number of seconds >= 0")
+        if memory_s > alone_s * (1 + 1e-9):
+            raise TwinError(f"contention: memory_s = {memory_s!r} exceeds the run's time {alone_s!r}")
+        demand = memory_s / alone_s if alone_s > 0 else 0.0
+        with self._lock:
+            now = self._clock()
+            self._advance(now)
+            token = RunToken(device, float(alone_s), float(memory_s), min(1.0, demand), now, now)
+            self._active.append(token)
+            return token
+
+    def end(self, token: RunToken) -> SharedRun:
+        """The run ends: its modelled figures over the interval it was in flight.
+
+        :raises TwinError: the token was already ended, or is not this board's.
+        """
+        with self._lock:
+            if not token.open or not any(r is token for r in self._active):
+                raise TwinError("contention: a run ended twice, or on another board")
+            self._advance(self._clock())
+            span = token.last - token.started
+            if span > 0:
+                share = token.share_integral / span
+                stretch = token.stretch_integral / span
+            else:  # no time passed on the clock (a virtual clock not advanced): the state now
+                per_device, demand = self._factors()
+                share = float(per_device[token.device])
+                stretch = 1.0 + token.demand * max(0.0, demand - 1.0)
+            token.open = False
+            self._active = [r for r in self._active if r is not token]
+            busy = token.alone_s * stretch
+            run = SharedRun(token.alone_s, busy * share, busy, token.memory_s * stretch, share, stretch)
+            self._runs += 1
+            self._shared += share > 1.0 + 1e-12
+            self._stretched += stretch > 1.0 + 1e-12
+            self._busy[token.device] = self._busy.get(token.device, 0.0) + busy
+            self._latency[token.device] = self._latency.get(token.device, 0.0) + run.latency_s
+            return run
+
+    def statistics(self) -> BoardContentionStatistics:
+        with self._lock:
+            return BoardContentionStatistics(self._runs, len(self._active), self._shared, self._stretched,
+                                             dict(self._busy), dict(self._latency))
+
+
+_BOARDS: dict[str, BoardContention] = {}
+_BOARDS_LOCK = threading.Lock()
+
+
+def shared_board(key: str) -> BoardContention:
+    """The process's :class:`BoardContention` of the board ``key`` (a twin root, or ``"soc:<name>"``)."""
+    with _BOARDS_LOCK:
+        board = _BOARDS.get(key)
+        if board is None:
+            board = _BOARDS[key] = BoardContention()
+        return board

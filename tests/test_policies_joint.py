@@ -1,0 +1,112 @@
+"""Joint placement (issue 26): the other sessions' reservations and the model's SLO are inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsched import PlacementError, Priority
+from hetsched.policies import (
+    HEFT,
+    DeviceState,
+    PlacementProblem,
+    PowerThermalWeighted,
+    Reservation,
+    Unit,
+    makespan,
+)
+
+POLICIES = [PowerThermalWeighted, HEFT]
+
+
+def chain(n: int, npu_s: float, gpu_s: float, **kw: object) -> PlacementProblem:
+    """``n`` units in a chain, each runnable on npu or gpu."""
+    units = tuple(
+        Unit(i, (f"n{i}",), ("Conv",), ("npu", "gpu"), preds=(i - 1,) if i else (), succs=(i + 1,) if i < n - 1 else ())
+        for i in range(n)
+    )
+    cost = {}
+    for u in units:
+        cost[(u.id, "npu")] = npu_s
+        cost[(u.id, "gpu")] = gpu_s
+    devices = {"npu": DeviceState("npu", "npu"), "gpu": DeviceState("gpu", "gpu")}
+    return PlacementProblem(units, devices, cost, **kw)  # type: ignore[arg-type]
+
+
+def devices_of(problem: PlacementProblem, policy: object) -> set[str]:
+    return set(policy.place(problem).assignment.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_alone_both_models_choose_the_npu(policy_cls: type) -> None:
+    # the starting point of the issue: placed alone, each model takes the faster NPU
+    assert devices_of(chain(3, 0.010, 0.015), policy_cls()) == {"npu"}
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_joint_placement_spreads_two_models_that_fit_apart(policy_cls: type) -> None:
+    # model A keeps the NPU 70 % busy at its offered rate: model B (equal priority) would get
+    # 30 % of it, 10 ms / 0.3 = 33 ms per unit against 15 ms on the idle GPU
+    a = Reservation("A", {"npu": 0.7}, priority=Priority.NORMAL)
+    problem = chain(3, 0.010, 0.015, reservations=(a,), priority=Priority.NORMAL)
+    placement = policy_cls().place(problem)
+    assert set(placement.assignment.values()) == {"gpu"}
+    terms = placement.scores[0]
+    assert terms["npu"]["contention"] == pytest.approx(1 / 0.3)
+    assert terms["gpu"]["contention"] == pytest.approx(1.0)
+    # a light reservation leaves the NPU the better device
+    light = chain(3, 0.010, 0.015, reservations=(Reservation("A", {"npu": 0.1}),))
+    assert devices_of(light, policy_cls()) == {"npu"}
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_background_takes_what_the_high_model_leaves(policy_cls: type) -> None:
+    high = Reservation("det", {"npu": 0.6}, priority=Priority.HIGH, slo_s=0.033)
+    bg = chain(2, 0.010, 0.020, reservations=(high,), priority=Priority.BACKGROUND)
+    assert devices_of(bg, policy_cls()) == {"gpu"}  # 10 ms / 0.4 = 25 ms > 20 ms on the GPU
+    # the HIGH model is served ahead of a background session's queue: its load does not count
+    busy_bg = Reservation("bg", {"npu": 1.0}, priority=Priority.BACKGROUND)
+    det = chain(2, 0.010, 0.020, reservations=(busy_bg,), priority=Priority.HIGH)
+    assert devices_of(det, policy_cls()) == {"npu"}
+    # unless the policy is told the scheduler does not order by priority (FIFO): saturated NPU
+    assert devices_of(det, policy_cls(lower_priority_weight=1.0)) == {"gpu"}
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_an_slo_model_gets_the_faster_device(policy_cls: type) -> None:
+    # the NPU is faster but expensive in energy (and, for PowerThermalWeighted, hot): without
+    # an SLO the policy trades its speed away; a 20 ms deadline the GPU misses takes it back
+    units = (Unit(0, ("conv",), ("Conv",), ("npu", "gpu")),)
+    cost = {(0, "npu"): 0.010, (0, "gpu"): 0.025}
+    energy = {(0, "npu"): 5.0, (0, "gpu"): 0.1}
+    devices = {"npu": DeviceState("npu", "npu", utilisation=1.0, temp_headroom=0.0),
+               "gpu": DeviceState("gpu", "gpu")}
+    policy = policy_cls(w_energy=0.01)
+    relaxed = policy.place(PlacementProblem(units, devices, cost, energy=energy))
+    assert relaxed.assignment[0] == "gpu"
+    urgent = PlacementProblem(units, devices, cost, energy=energy, slo_s=0.020)
+    placed = policy.place(urgent)
+    assert placed.assignment[0] == "npu"
+    assert placed.policy.endswith("+slo")
+    assert makespan(urgent, placed.assignment) <= 0.020
+    # a deadline the default placement already meets changes nothing
+    assert policy.place(PlacementProblem(units, devices, cost, energy=energy, slo_s=0.1)).assignment[0] == "gpu"
+
+
+def test_contended_prices_once_and_caps_saturation() -> None:
+    p = chain(1, 0.010, 0.015, reservations=(Reservation("A", {"npu": 0.5}), Reservation("B", {"npu": 0.9})))
+    assert p.reserved_share("npu") == pytest.approx(1.4)
+    q = p.contended()
+    assert q.cost[(0, "npu")] == pytest.approx(0.010 / 0.05)  # capped at MAX_RESERVED_SHARE
+    assert q.cost[(0, "gpu")] == pytest.approx(0.015)
+    assert q.reservations == () and q.contended() is q
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [lambda: Reservation("A", {"npu": -0.1}), lambda: Reservation("A", {"npu": float("nan")}),
+     lambda: Reservation("A", {"npu": 0.5}, slo_s=0.0), lambda: chain(1, 0.01, 0.02, slo_s=-1.0),
+     lambda: HEFT(lower_priority_weight=2.0), lambda: PowerThermalWeighted(lower_priority_weight=-1)],
+)
+def test_bad_reservation_inputs_are_placement_errors(bad: object) -> None:
+    with pytest.raises(PlacementError):
+        bad()  # type: ignore[operator]

@@ -1,0 +1,113 @@
+"""Contention on the twin (issue 26): one device shared in time, DRAM shared between devices."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsched import TwinError
+from hetsched._twin.contention import BoardContention, shared_board
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lone_run_keeps_its_roofline_time() -> None:
+    clock = ManualClock()
+    board = BoardContention(clock)
+    token = board.begin("npu", 0.010, 0.004)
+    clock.now = 0.010
+    run = board.end(token)
+    assert run.latency_s == pytest.approx(0.010) and run.busy_s == pytest.approx(0.010)
+    assert run.device_share == 1.0 and run.memory_stretch == 1.0
+
+
+def test_two_sessions_on_one_device_each_time_grows_and_the_busy_times_sum_to_the_device() -> None:
+    clock = ManualClock()
+    board = BoardContention(clock)
+    a = board.begin("npu", 0.010)  # session A's stage
+    b = board.begin("npu", 0.010)  # session B's, at once
+    clock.now = 0.020  # processor sharing: both progress at half rate, both end at 20 ms
+    ra, rb = board.end(a), board.end(b)
+    for r in (ra, rb):
+        assert r.latency_s == pytest.approx(0.020) and r.latency_s > r.alone_s
+        assert r.device_share == pytest.approx(2.0)
+    stats = board.statistics()
+    # the device was busy 20 ms (the union of the two intervals): the sum of the runs' own times
+    assert ra.busy_s + rb.busy_s == pytest.approx(0.020) == stats.busy_s["npu"]
+    assert stats.shared_runs == 2 and stats.in_flight == 0
+
+
+def test_partial_overlap_stretches_only_the_shared_part() -> None:
+    clock = ManualClock()
+    board = BoardContention(clock)
+    # the runs' factors are their averages over their own intervals on the clock
+    a = board.begin("npu", 0.010)
+    clock.now = 0.005  # A alone for 5 ms
+    b = board.begin("npu", 0.010)
+    clock.now = 0.015  # A and B together for 10 ms
+    ra = board.end(a)
+    clock.now = 0.020  # B alone again for 5 ms
+    rb = board.end(b)
+    assert ra.device_share == pytest.approx((5 * 1 + 10 * 2) / 15)
+    assert ra.latency_s == pytest.approx(0.010 * ra.device_share)
+    assert rb.device_share == pytest.approx((10 * 2 + 5 * 1) / 15)
+    assert ra.busy_s + rb.busy_s == pytest.approx(0.020)  # busy from 0 to 20 ms
+
+
+def test_devices_on_different_domains_share_only_the_memory_bandwidth() -> None:
+    clock = ManualClock()
+    board = BoardContention(clock)
+    npu = board.begin("npu", 0.010, 0.008)  # demands 80 % of DRAM's peak
+    gpu = board.begin("gpu", 0.010, 0.008)  # 80 %: together 160 %, saturated
+    cpu = board.begin("cluster4", 0.010, 0.0)  # compute-bound: no memory-bound part to stretch
+    clock.now = 0.010
+    rn, rg, rc = board.end(npu), board.end(gpu), board.end(cpu)
+    stretch = 1 + 0.8 * (1.6 - 1)
+    for r in (rn, rg):
+        assert r.device_share == 1.0
+        assert r.memory_stretch == pytest.approx(stretch)
+        assert r.latency_s == pytest.approx(0.010 * stretch) == r.busy_s  # the stall keeps the device busy
+        assert r.memory_s == pytest.approx(0.008 * stretch)
+    assert rc.latency_s == pytest.approx(0.010)
+    assert board.statistics().stretched_runs == 2
+
+
+def test_memory_below_saturation_costs_nothing() -> None:
+    clock = ManualClock()
+    board = BoardContention(clock)
+    a, b = board.begin("npu", 0.010, 0.004), board.begin("gpu", 0.010, 0.005)  # 90 % together
+    clock.now = 0.010
+    assert board.end(a).latency_s == pytest.approx(0.010)
+    assert board.end(b).latency_s == pytest.approx(0.010)
+
+
+def test_a_virtual_clock_not_advanced_uses_the_state_at_the_end() -> None:
+    board = BoardContention(ManualClock())
+    a, b = board.begin("npu", 0.010), board.begin("npu", 0.010)
+    assert board.end(a).latency_s == pytest.approx(0.020)
+    assert board.end(b).latency_s == pytest.approx(0.010)  # alone by then
+
+
+def test_misuse_is_a_twin_error() -> None:
+    board = BoardContention(ManualClock())
+    token = board.begin("npu", 0.01)
+    board.end(token)
+    with pytest.raises(TwinError, match="twice"):
+        board.end(token)
+    with pytest.raises(TwinError, match="on another board"):
+        BoardContention(ManualClock()).end(board.begin("npu", 0.01))
+    for bad in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(TwinError, match="alone_s"):
+            board.begin("npu", bad)  # type: ignore[arg-type]
+    with pytest.raises(TwinError, match="exceeds"):
+        board.begin("npu", 0.01, 0.02)
+
+
+def test_shared_board_is_one_per_key() -> None:
+    assert shared_board("soc:test-a") is shared_board("soc:test-a")
+    assert shared_board("soc:test-a") is not shared_board("soc:test-b")
