@@ -1,18 +1,28 @@
-"""Request state and admission: one request in flight, and how many may be at once."""
+"""Request state and admission: one request in flight, and how many may be at once.
+
+:class:`Admission` bounds one tenant's requests (first come first served);
+:class:`PriorityAdmission` bounds the runtime's as a whole, handing a freed slot to the most
+urgent waiter (priority class, then arrival).
+"""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from ._buffers import TensorBuffer
 from ._program import Program
 
-__all__ = ["MISSING", "Admission", "CompletionSink", "Request"]
+if TYPE_CHECKING:
+    from ._tenants import Tenant
+
+__all__ = ["MISSING", "Admission", "CompletionSink", "PriorityAdmission", "Request"]
 
 MISSING: Any = object()
 """A wanted value nobody produced (``Request`` values lookup default)."""
@@ -71,18 +81,80 @@ class Admission:
         return len(self._waiters)
 
 
+class PriorityAdmission:
+    """At most ``limit`` requests admitted at once across every tenant; a freed slot goes to
+    the most urgent waiter (smallest priority value, then first come). Event-loop only."""
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {limit}")
+        self.limit = limit
+        self.active = 0
+        self._waiters: list[tuple[int, int, anyio.Event]] = []
+        self._seq = itertools.count()
+
+    def try_acquire(self) -> bool:
+        if self.active < self.limit and not self._waiters:
+            self.active += 1
+            return True
+        return False
+
+    async def acquire(self, priority: int) -> None:
+        """Wait for a slot (a checkpoint only when it has to wait)."""
+        if self.try_acquire():
+            return
+        entry = (priority, next(self._seq), anyio.Event())
+        heapq.heappush(self._waiters, entry)
+        try:
+            await entry[2].wait()
+        except BaseException:
+            try:
+                self._waiters.remove(entry)
+            except ValueError:
+                self.release()  # the slot was handed to us already: pass it on
+            else:
+                heapq.heapify(self._waiters)
+            raise
+
+    def release(self) -> None:
+        if self._waiters:
+            heapq.heappop(self._waiters)[2].set()  # hand the slot over; ``active`` stays counted
+        else:
+            self.active -= 1
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+
 class Request:
     """One request in flight: its values, readiness counters and the references it owes."""
 
-    __slots__ = ("closed", "copy_out", "done", "energy_j", "error", "event", "feeds", "gen", "key", "lock",
-                 "missing", "owed", "parked", "priority", "program", "remaining", "result", "retries", "rid",
-                 "running", "sink", "vals", "work")
+    __slots__ = ("admitted", "closed", "copy_out", "deadline", "done", "ended", "energy_j", "error", "event", "feeds",
+                 "finished_at", "flagged", "gen", "key", "lock", "missing", "owed", "parked", "priority", "program",
+                 "remaining", "rem", "result", "retries", "rid", "running", "sink", "tenant", "vals", "work")
 
     def __init__(self, rid: int, priority: int, key: float, program: Program, feeds: Mapping[str, Any], waiter: Any,
-                 copy_out: bool = True):
+                 copy_out: bool = True, tenant: Tenant | None = None):
         self.rid = rid
         self.priority = priority
         self.key = key
+        """The heap key of its next pushed stage: smaller runs first (see ``_tenants``)."""
+        self.tenant = tenant
+        """The tenant (session) it belongs to; None for a bare request (tests)."""
+        self.admitted = key
+        """``clock.monotonic()`` at admission."""
+        self.deadline: float | None = None
+        """``admitted + slo_s``: a scheduling deadline, never a cancellation; None: no SLO."""
+        self.rem: Mapping[int, float] | None = None
+        """Per stage id, the estimated seconds from that stage's start to the request's end
+        (its longest path of remaining stages); set for requests with a deadline."""
+        self.flagged = False
+        """It can no longer meet its deadline (estimated): served after those that still can."""
+        self.finished_at: float | None = None
+        """``clock.monotonic()`` when its last task finished (requests with a deadline)."""
+        self.ended = False
+        """Finalized for good: counted in its tenant's statistics."""
         self.program = program
         self.feeds = feeds
         """The request's own inputs, kept for a re-submission after a device failure."""
@@ -132,10 +204,17 @@ class Request:
         for buf, n in owed.items():
             for _ in range(n):
                 buf.release()
+        if self.parked:
+            return
         gen = self.gen
-        if gen is not None and not self.parked:
+        if gen is not None:
             self.gen = None
             gen.leave()
+        if not self.ended:
+            self.ended = True
+            tenant = self.tenant
+            if tenant is not None:
+                tenant.request_ended(self)
 
     def rebind_locked(self, program: Program) -> None:
         """Start over on ``program`` (a newer plan's) from the original feeds; the request must be

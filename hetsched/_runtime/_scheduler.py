@@ -1,11 +1,20 @@
-"""Pipelined multi-request scheduling: device workers, priority queues with aging, request state.
+"""Pipelined multi-request scheduling across sessions: device workers, one priority heap per
+device shared by every tenant, aging, deadlines, request state.
+
+One :class:`Scheduler` serves the board: it owns the device workers and their heaps; each
+session is a :class:`~hetsched._runtime._tenants.Tenant` of it (``attach``/``detach`` while
+serving), with its own plans, admission limit, weight, default SLO and statistics. The order
+of the stages on a heap (priority class, aging, least slack or earliest deadline, flagged
+misses, weighted fair tags among tenants) is drawn in ``_tenants``' docstring; a session made
+the old way (``Scheduler(..., dispatch=...)``) is the default tenant, and the scheduler's
+session-facing methods act on it.
 
 How one request flows (its bookkeeping is done under the request's lock by whichever
 thread finishes something, so a chain of stages never goes back to the event loop)::
 
     await session.run(feeds, priority=p)               # event loop
         program = programs[wanted outputs, feed names]  # precomputed: needed stages, who reads what where
-        key = admitted_at + p * aging_s                 # smaller starts first; FIFO within a priority
+        key = p * aging_s + admitted_at (or its latest start, with an SLO; see _tenants)
         push every stage whose inputs are all ready onto its device's heap
         await the request's event                       # one wake-up per request, not one per stage
     device worker thread (pinned to its cores), forever:
@@ -25,8 +34,10 @@ Because the key is the *request's* admission time, a request's later stages go b
 the first stages of newer requests of the same priority: the pipeline drains in order.
 
 The program compilation lives in ``_program``, request state in ``_requests``, the device
-worker threads in ``_workers``, the worker side of a stage run in ``_stage_run``; this module
-is the import point for all of them.
+worker threads in ``_workers``, the worker side of a stage run in ``_stage_run`` (its own
+object, :class:`StageRunner`, over the :class:`StageHost` protocol this class implements),
+tenants and the order of the heaps in ``_tenants``; this module is the import point for all
+of them.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -49,16 +61,18 @@ from ._failover import Failover
 from ._generation import Generation
 from ._loops import current_loop_adapter
 from ._program import Program, StageIO, StageRuntime, build_program
-from ._requests import MISSING, Admission, CompletionSink, Request
-from ._stage_run import StageRunner
+from ._requests import MISSING, Admission, CompletionSink, PriorityAdmission, Request
+from ._stage_run import StageHost, StageRunner
+from ._tenants import DEFAULT_SLO, NEW_WAITER, Order, SchedulerStatistics, Tenant, TenantStatistics
 from ._transfer import TransferEngine
 from ._workers import DeviceWorkers, WorkerInfo
 
-__all__ = ["Admission", "CompletionSink", "DeviceWorkers", "Program", "Request", "Scheduler", "StageIO",
-           "StageRuntime", "WorkerInfo", "build_program"]
+__all__ = ["Admission", "CompletionSink", "DeviceWorkers", "Order", "Program", "Request", "Scheduler",
+           "SchedulerStatistics", "StageHost", "StageIO", "StageRunner", "StageRuntime", "Tenant",
+           "TenantStatistics", "WorkerInfo", "build_program"]
 
 _MISSING = MISSING  # the name the session and the stream import
-_NEW = object()
+_NEW = NEW_WAITER
 _NO_AGING = 1.0e9  # seconds: larger than any admission-time difference, so priority always wins
 _COALESCE_FROM = int(Priority.NORMAL)
 """Requests at least this patient (NORMAL, BACKGROUND) may have their wake-up coalesced."""
@@ -68,14 +82,21 @@ _DEFER_MIN_S = 0.0005
 """...or this long, whichever is more."""
 
 
-class Scheduler(StageRunner):
-    """Runs requests through the compiled stages on the device workers.
+class Scheduler:
+    """Runs every tenant's requests through their compiled stages on the board's device workers.
 
-    Owned by a :class:`~hetsched.Session`; all of its public methods except
-    :meth:`run_stage` run on the session's event loop, which must be running when it is made
-    (it binds that loop's module of :mod:`._loops`). ``clock`` (default: the system's) is read
-    for admission times, coalescing deadlines and stage timings.
+    Owned by a session (its default tenant) or by a runtime shared by several sessions
+    (:meth:`attach`); all of its public methods run on the event loop that was running when
+    it was made (it binds that loop's module of :mod:`._loops`), except those said to run on
+    any thread. ``clock`` (default: the system's) is read for admission times, deadlines,
+    coalescing deadlines and stage timings.
 
+    :param priorities: order by priority class, deadline and fairness (False: FIFO, admission order).
+    :param aging_s: seconds of waiting worth one priority class (None: no aging).
+    :param order: how requests with an SLO order within a class.
+    :param max_in_flight: requests admitted at once across every tenant (None: no limit).
+    :param dispatch: given, a default tenant is attached with it (``costs``, ``learn_costs``),
+        and the session-facing methods (``set_stages``, ``new_request``, ...) act on it.
     :raises UnsupportedEventLoopError: the running event loop is neither asyncio nor trio.
     """
 
@@ -86,41 +107,46 @@ class Scheduler(StageRunner):
         topology: Topology,
         host: str,
         engine: TransferEngine | None,
-        dispatch: HookDispatcher,
-        costs: Any,
-        learn_costs: bool,
-        priorities: bool,
-        aging_s: float | None,
+        dispatch: HookDispatcher | None = None,
+        costs: Any = None,
+        learn_costs: bool = False,
+        priorities: bool = True,
+        aging_s: float | None = 0.5,
         clock: Clock | None = None,
+        order: Order = Order.LEAST_SLACK,
+        max_in_flight: int | None = None,
     ):
+        if not isinstance(order, Order):
+            raise TypeError(f"order must be a hetsched Order, got {order!r}")
         self.pools = dict(pools)
         self.topology = topology
         self.host = host
         self.engine = engine
-        self._dispatch = dispatch
-        self._costs = costs
-        self._learn = learn_costs
         self.priorities = priorities
         self.aging_s = aging_s
-        self._step = (aging_s if aging_s is not None else _NO_AGING) if priorities else 0.0
+        self.order = order
+        self.step = (aging_s if aging_s is not None else _NO_AGING) if priorities else 0.0
+        """Seconds of key per priority class (0 in FIFO mode)."""
         self._seq = itertools.count()
         self.workers: dict[str, DeviceWorkers] = {}
-        self.stages: list[StageRuntime] = []
-        self.generation: Generation | None = None
-        """The plan new requests use (see ``_generation``)."""
-        self._generations = itertools.count()
-        self._live: dict[int, Generation] = {}
-        """Every generation not closed yet (the current one and retired ones still draining)."""
-        self.failover: Failover | None = None
-        """Device failure handling (set by the session; None: a failing stage fails its request)."""
-        self.allocation_failures = 0
-        self.states_renewed = 0
-        """Per-worker states dropped as dead and built anew (see ``DeviceWorkers.state_for``)."""
+        self._tenants: list[Tenant] = []
+        self._gone: list[Tenant] = []
+        self.shared = False
+        """Several tenants attached (and priorities on): requests without SLO get fair tags."""
+        self.fair_lock = threading.Lock()
+        self.max_slo = 0.0
+        """The largest SLO any request has had (how far back a flagged request goes)."""
+        self.admission = PriorityAdmission(max_in_flight) if max_in_flight is not None else None
+        """The runtime-wide admission limit (None: none); tenants acquire through it."""
         self._loop_thread = threading.get_ident()
         self.clock: Clock = clock if clock is not None else SystemClock()
         # bound once: with the SystemClock these are time.monotonic / time.perf_counter themselves
-        self._monotonic: Callable[[], float] = self.clock.monotonic
+        self.monotonic: Callable[[], float] = self.clock.monotonic
+        self._monotonic = self.monotonic
         self._perf = self.clock.perf_counter
+        self.runner = StageRunner(self, pools, self._perf)
+        self.run_stage = self.runner.run_stage
+        """Run one stage of a request (device worker threads; see :class:`StageRunner`)."""
         loop = current_loop_adapter()
         self._loop = loop
         self.new_waiter: Callable[[], Any] = loop.new_waiter
@@ -133,7 +159,7 @@ class Scheduler(StageRunner):
         self._set = loop.set_waiter
         self._await = loop.wait
         self._lock = threading.Lock()
-        # Completion coalescing (see _wake_finished): finished requests whose callers have
+        # Completion coalescing (see wake_finished): finished requests whose callers have
         # not been woken yet.
         self._deferred: list[Request] = []
         self._deferred_entry: dict[int, DeviceWorkers] = {}
@@ -142,13 +168,170 @@ class Scheduler(StageRunner):
         """``clock.monotonic()`` by which the deferred wake-ups are delivered in any case."""
         self._coalescing = False
         self.wakeups_coalesced = 0
-        self.stage_runs_bound = 0
-        self.stage_runs_unbound = 0
-        self.stage_runs_to_caller = 0
         self.bytes_to_caller = 0
         self.bytes_staged = 0
+        self.default: Tenant | None = None
+        """The tenant of a scheduler made for one session (``dispatch=`` given)."""
+        if dispatch is not None:
+            self.default = self.attach("default", dispatch=dispatch, costs=costs, learn_costs=learn_costs)
 
-    # -- setup -----------------------------------------------------------------------
+    # -- tenants -------------------------------------------------------------------------
+
+    def attach(self, name: str, *, dispatch: HookDispatcher, costs: Any = None, learn_costs: bool = False,
+               weight: float = 1.0, max_in_flight: int | None = None, slo_s: float | None = None) -> Tenant:
+        """A new tenant (a session) served from now on, alongside the others (event loop).
+
+        :param weight: its share among equals (same class, no SLO) against other tenants.
+        :param max_in_flight: its own admission limit (None: only the runtime's).
+        :param slo_s: the default SLO of its requests (None: none).
+        :raises ValueError: a bad weight, limit or SLO, or a name already attached.
+        """
+        if any(t.name == name for t in self._tenants):
+            raise ValueError(f"a tenant named {name!r} is already attached")
+        tenant = Tenant(self, name, dispatch=dispatch, costs=costs, learn_costs=learn_costs, weight=weight,
+                        max_in_flight=max_in_flight, slo_s=slo_s)
+        with self.fair_lock:
+            self._tenants = [*self._tenants, tenant]
+            self.shared = self.priorities and len(self._tenants) > 1
+        return tenant
+
+    async def detach(self, tenant: Tenant) -> TenantStatistics:
+        """See :meth:`Tenant.detach`: the tenant's requests drain, the others keep running."""
+        if tenant.scheduler is not self:
+            raise ValueError(f"{tenant!r} is not a tenant of this scheduler")
+        return await tenant.detach()
+
+    def forget_tenant(self, tenant: Tenant) -> None:
+        """``tenant`` has drained: no longer attached (its statistics stay in :meth:`statistics`)."""
+        with self.fair_lock:
+            if tenant in self._tenants:
+                self._tenants = [t for t in self._tenants if t is not tenant]
+                self._gone.append(tenant)
+            self.shared = self.priorities and len(self._tenants) > 1
+
+    def tenants(self) -> tuple[Tenant, ...]:
+        """The attached tenants, in attachment order (any thread)."""
+        return tuple(self._tenants)
+
+    def saw_slo(self, slo: float) -> None:
+        if slo > self.max_slo:
+            self.max_slo = slo
+
+    def statistics(self) -> SchedulerStatistics:
+        """Per-tenant figures and the board's busy time (any thread)."""
+        tenants = tuple(t.statistics() for t in (*self._tenants, *self._gone))
+        busy: dict[str, float] = {}
+        for ts in tenants:
+            for dev, sec in ts.busy_s.items():
+                busy[dev] = busy.get(dev, 0.0) + sec
+        adm = self.admission
+        return SchedulerStatistics(
+            tenants=tenants, busy_s=MappingProxyType(busy), admitted=adm.active if adm is not None else 0,
+            waiting=adm.waiting if adm is not None else 0, max_in_flight=adm.limit if adm is not None else None,
+            queued_stages=self.queued(), order=self.order, priorities=self.priorities)
+
+    def _default(self) -> Tenant:
+        tenant = self.default
+        if tenant is None:
+            raise RuntimeStateError("this scheduler has no default tenant: use the tenant attach() returned")
+        return tenant
+
+    # -- the default tenant (a scheduler made for one session) ----------------------------
+
+    @property
+    def generation(self) -> Generation | None:
+        """The default tenant's current plan generation."""
+        return self.default.generation if self.default is not None else None
+
+    @property
+    def stages(self) -> list[StageRuntime]:
+        return self.default.stages if self.default is not None else []
+
+    @property
+    def failover(self) -> Failover | None:
+        return self.default.failover if self.default is not None else None
+
+    @failover.setter
+    def failover(self, value: Failover | None) -> None:
+        self._default().failover = value
+
+    @property
+    def _costs(self) -> Any:
+        """The default tenant's cost table (what the session's re-planning reads today)."""
+        return self.default.costs if self.default is not None else None
+
+    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None],
+                   on_drained: Callable[[Generation], None] | None = None) -> Generation:
+        """:meth:`Tenant.set_stages` of the default tenant."""
+        return self._default().set_stages(stages, output_source, on_drained)
+
+    def live_generations(self) -> list[Generation]:
+        """Every tenant's live plan generations."""
+        return [g for t in self._tenants for g in t.live_generations()]
+
+    def forget(self, gen: Generation) -> None:
+        for t in self._tenants:
+            t.forget(gen)
+
+    def restart(self, req: Request, counted: bool = False) -> None:
+        tenant = req.tenant
+        assert tenant is not None
+        tenant.restart(req, counted)
+
+    def fail_parked(self, parked: Sequence[tuple[Request, BaseException | None]]) -> None:
+        self._default().fail_parked(parked)
+
+    def flush_costs(self, stages: list[StageRuntime] | None = None) -> None:
+        """Fold the stage times not yet learned into the cost tables (every tenant's plan, or
+        ``stages`` of the default tenant)."""
+        if stages is not None:
+            self._default().flush_costs(stages)
+            return
+        for t in self._tenants:
+            t.flush_costs()
+
+    def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
+        """The default tenant's current program for requests asking ``wanted`` with inputs ``fed``."""
+        return self._default().program(wanted, fed)
+
+    def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
+                    copy_out: bool = True, waiter: Any = _NEW, slo_s: Any = DEFAULT_SLO) -> Request:
+        """A request of the default tenant admitted now (any thread; a stream's requests pass
+        ``waiter=None``)."""
+        return self._default().new_request(rid, priority, program, feeds, copy_out=copy_out, waiter=waiter,
+                                           slo_s=slo_s)
+
+    def admission_key(self, priority: int) -> float:
+        """The heap key of a request without SLO of ``priority`` admitted now (any thread)."""
+        return self._monotonic() + priority * self.step
+
+    # -- counters kept by the stage runner ---------------------------------------------------
+
+    @property
+    def stage_runs_bound(self) -> int:
+        return self.runner.stage_runs_bound
+
+    @property
+    def stage_runs_unbound(self) -> int:
+        return self.runner.stage_runs_unbound
+
+    @property
+    def stage_runs_to_caller(self) -> int:
+        return self.runner.stage_runs_to_caller
+
+    @property
+    def allocation_failures(self) -> int:
+        return self.runner.allocation_failures
+
+    @property
+    def states_renewed(self) -> int:
+        return self.runner.states_renewed
+
+    def state_renewed(self) -> None:
+        """A worker dropped a dead per-worker state (worker thread)."""
+        self.runner.state_renewed()
+
+    # -- workers -------------------------------------------------------------------------
 
     def start(self, devices: Sequence[Any], worker_cpus: Callable[[Any], Sequence[tuple[int, ...]]]) -> None:
         """Start the device workers. CPU devices pinned to exactly the same cores share their
@@ -190,77 +373,6 @@ class Scheduler(StageRunner):
     def unique_workers(self) -> list[DeviceWorkers]:
         return list({id(w): w for w in self.workers.values()}.values())
 
-    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None],
-                   on_drained: Callable[[Generation], None] | None = None) -> Generation:
-        """Install a plan's stages: requests made from now on use them (any admitted before
-        finish on theirs). The previous plan retires: ``on_drained(old)`` runs once its last
-        request is gone (in that request's thread); the owner closes its stages, then calls
-        :meth:`forget` (default: it is just forgotten).
-        Requests parked for a plan without a quarantined device start over on this one if it
-        leaves out every quarantined device (see ``Failover.installed``)."""
-        gen = Generation(next(self._generations), stages, output_source, self.topology, self.host)
-        old, self.generation = self.generation, gen
-        self.stages = stages
-        self._live[gen.number] = gen
-        if old is not None:
-            self.flush_costs(old.stages)
-
-            old.retire(on_drained if on_drained is not None else self.forget)
-        if self.failover is not None:
-            for req in self.failover.installed(frozenset(st.device for st in stages)):
-                self.restart(req, counted=True)
-        return gen
-
-    def live_generations(self) -> list[Generation]:
-        """The current plan's generation and the retired ones not closed yet."""
-        return list(self._live.values())
-
-    def forget(self, gen: Generation) -> None:
-        """``gen``'s stages are closed: it is no longer live (any thread)."""
-        self._live.pop(gen.number, None)
-
-    def restart(self, req: Request, counted: bool = False) -> None:
-        """Start ``req`` over on the current plan (any thread): it was parked after a device
-        failure and nothing of it runs any more. Waits instead while a plan without a
-        quarantined device is coming; a request closed meanwhile (cancelled) is let go."""
-        failover = self.failover
-        with req.lock:
-            if req.closed:
-                req.parked = False
-                req.finalize_locked()
-                return
-        if failover is not None and not counted and not failover.take(req):
-            return  # parked until the new plan is installed (set_stages) or found impossible
-        gen = self.generation
-        assert gen is not None
-        wanted = tuple(name for name, _ in req.program.wanted)
-        program = gen.program(wanted, req.program.fed)
-        with req.lock:
-            if req.closed:
-                req.parked = False
-                req.finalize_locked()
-                return
-            req.rebind_locked(program)
-            req.retries += 1
-        if req.done:
-            self._wake(req)
-            return
-        self.push_initial(req)
-
-    def fail_parked(self, parked: Sequence[tuple[Request, BaseException | None]]) -> None:
-        """Fail requests that were waiting to start over (no plan could replace their device,
-        or the session is closing); any thread."""
-        for req, error in parked:
-            with req.lock:
-                req.parked = False
-                if req.closed:
-                    req.finalize_locked()
-                    continue
-                req.error = error or RuntimeStateError("the session stopped before the request could start over")
-                req.closed = True
-                req.finalize_locked()
-            self._wake(req)
-
     def stop(self) -> list[DeviceWorkers]:
         workers = self.unique_workers()
         for w in workers:
@@ -275,13 +387,6 @@ class Scheduler(StageRunner):
         workers have stopped, this catches one deferred while they were being stopped)."""
         for req in self._take_deferred():
             self._fire(req)
-
-    def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
-        """The current plan's program for requests asking ``wanted`` with inputs ``fed``."""
-        gen = self.generation
-        if gen is None:
-            raise RuntimeStateError("the scheduler has no stages (no plan installed)")
-        return gen.program(wanted, fed)
 
     # -- the event-loop side -----------------------------------------------------------
 
@@ -340,9 +445,22 @@ class Scheduler(StageRunner):
                     req.closed = True
                     if not req.running:
                         req.finalize_locked()
-                self._wake(req)
+                self.wake(req)
                 return
+            if req.deadline is not None and self.priorities:
+                tenant = req.tenant
+                assert tenant is not None
+                tenant.rekey(req, st)
             w.push(req, st)
+
+    def push(self, req: Request, st: StageRuntime) -> None:
+        """Queue ``req``'s ready stage ``st`` on its device's heap (any thread): a request with
+        a deadline is keyed for this stage first (its latest start, or flagged; see ``_tenants``)."""
+        if req.deadline is not None and self.priorities:
+            tenant = req.tenant
+            assert tenant is not None
+            tenant.rekey(req, st)
+        self.workers[st.device].push(req, st)
 
     def take_outputs(self, req: Request) -> list[tuple[str, Any]]:
         """The wanted values, closing the request: arrays the caller owns (copied once when the
@@ -365,11 +483,13 @@ class Scheduler(StageRunner):
             req.finalize_locked()
         return out
 
-    def _finish_locked(self, req: Request) -> None:
+    def finish_locked(self, req: Request) -> None:
         """The request's last task is done. With ``copy_out`` the outputs are copied out of the
         pool right here, in the thread that finished (its caches are warm with them), and the
         buffers go back to the pool before the caller's task even wakes up."""
         req.done = True
+        if req.deadline is not None:
+            req.finished_at = self._monotonic()
         if not req.copy_out:
             return
         out: list[tuple[str, Any]] = []
@@ -388,22 +508,22 @@ class Scheduler(StageRunner):
             with self._lock:
                 self.bytes_to_caller += copied
 
-    def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
-                    copy_out: bool = True, waiter: Any = _NEW) -> Request:
-        """A request admitted now (any thread; a stream's requests pass ``waiter=None``)."""
-        return Request(rid, priority, self._monotonic() + priority * self._step, program, feeds,
-                       self._new_waiter() if waiter is _NEW else waiter, copy_out)
-
-    def admission_key(self, priority: int) -> float:
-        """The heap key of a request of ``priority`` admitted now (any thread): smaller starts first."""
-        return self._monotonic() + priority * self._step
-
     # Waking the request's task: the loop module's waiter (on asyncio a bare future, the
     # cheapest cross-thread wake-up asyncio has; see _loops).
 
     def set_waiter(self, waiter: Any) -> None:
         """Resolve a waiter made by :attr:`new_waiter` (event-loop thread; idempotent)."""
         self._set(waiter)
+
+    def resolve_soon(self, waiter: Any) -> None:
+        """Resolve ``waiter`` from any thread (on the event loop, soon)."""
+        if threading.get_ident() == self._loop_thread:
+            self._set(waiter)
+            return
+        try:
+            self._call_soon(self._set, waiter)
+        except RuntimeError:
+            pass  # the event loop is gone (interpreter shutdown); nobody waits
 
     async def wait_on(self, waiter: Any) -> None:
         """Wait until ``waiter`` (made by :attr:`new_waiter`) is resolved."""
@@ -421,7 +541,7 @@ class Scheduler(StageRunner):
             return
         self._set(req.event)
 
-    def _wake(self, req: Request) -> None:
+    def wake(self, req: Request) -> None:
         """Wake ``req``'s task from any thread."""
         sink = req.sink
         if sink is not None:
@@ -456,7 +576,7 @@ class Scheduler(StageRunner):
                 return False
         return bool(workers)
 
-    def _wake_finished(self, req: Request) -> None:
+    def wake_finished(self, req: Request) -> None:
         """Wake the task of ``req``, which finished without error (worker thread).
 
         The caller's next request most likely runs the same program, so it would start on the
@@ -477,7 +597,7 @@ class Scheduler(StageRunner):
                     if not self._deferred:
                         # the first one deferred sets how long the batch may wait: a fraction of
                         # its time in the system so far, so no caller's latency grows by more
-                        age = now - (req.key - req.priority * self._step)
+                        age = now - req.admitted
                         self._deferred_until = now + max(_DEFER_MIN_S, _DEFER_FRACTION * age)
                     if now < self._deferred_until:
                         self._deferred.append(req)
@@ -487,7 +607,7 @@ class Scheduler(StageRunner):
                         return  # this worker re-checks right after this stage (flush_deferred)
         batch = self._take_deferred()
         if not batch:
-            self._wake(req)
+            self.wake(req)
             return
         batch.append(req)
         self._post_all(batch)
@@ -579,10 +699,10 @@ class Scheduler(StageRunner):
                     ready.append(req.program.by_sid[sid])
             req.remaining -= 1
             if not req.remaining:
-                self._finish_locked(req)
+                self.finish_locked(req)
                 self._fire(req)
         for st in ready:
-            self.workers[st.device].push(req, st)
+            self.push(req, st)
 
     # -- introspection -------------------------------------------------------------------
 

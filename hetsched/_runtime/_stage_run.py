@@ -1,31 +1,61 @@
 """The worker side of the scheduler: run one stage of a request and account for its outputs.
 
-:class:`StageRunner` is the part of :class:`~hetsched._runtime._scheduler.Scheduler` that runs
-in device worker threads; the scheduler is one (it inherits these methods), so a stage
-costs no call through another object.
+:class:`StageRunner` is its own object: the :class:`~hetsched._runtime._scheduler.Scheduler`
+makes one and hands device workers its :meth:`StageRunner.run_stage`. What the runner needs of
+the scheduler is declared by :class:`StageHost` (pushing ready stages, finishing and waking
+requests); what it needs of a request's session comes from the request's tenant (hooks, cost
+table, failover, per-device busy time).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from .._errors import DeviceFailedError, StageExecutionError
-from .._events import Event, EventInfo, HookDispatcher, Priority
+from .._events import Event, EventInfo, Priority
 from ._buffers import BufferPool, TensorBuffer
-from ._failover import Failover
 from ._program import StageIO, StageRuntime, address
 from ._requests import Request
 from ._workers import DeviceWorkers
 
-__all__ = ["StageRunner"]
+if TYPE_CHECKING:
+    from ._tenants import Tenant
+
+__all__ = ["StageHost", "StageRunner"]
 
 _LEARN_BATCH = 16
 """Stage times are folded into the cost table 16 at a time: updating a shared table after
 every run touches cold memory for tens of microseconds; the moving average is the same."""
+_EWMA = 0.1
+"""Weight of a new run in a tenant's per-stage estimate (Band's latency estimator: 0.1)."""
+
+
+class StageHost(Protocol):
+    """What the stage runner needs of the scheduler (any thread)."""
+
+    workers: dict[str, DeviceWorkers]
+    """Device name -> its workers (empty once they stopped)."""
+    priorities: bool
+
+    def push(self, req: Request, st: StageRuntime) -> None:
+        """Queue ``st`` of ``req`` on its device's heap, keyed for its tenant's order."""
+        ...
+
+    def finish_locked(self, req: Request) -> None:
+        """``req``'s last task is done (under ``req.lock``)."""
+        ...
+
+    def wake_finished(self, req: Request) -> None:
+        """Wake the task of ``req``, which finished without error (may be coalesced)."""
+        ...
+
+    def wake(self, req: Request) -> None:
+        """Wake the task of ``req`` now (it failed, or the loop has work for it)."""
+        ...
 
 
 def _translate(exc: BaseException, st: StageRuntime, dev: str) -> StageExecutionError:
@@ -55,36 +85,25 @@ def _check_results(results: Any, st: StageRuntime, dev: str) -> StageExecutionEr
 
 
 class StageRunner:
-    """Runs stages in worker threads (a base of the Scheduler, which sets these attributes)."""
+    """Runs stages in device worker threads (see the module docstring); thread-safe.
 
-    pools: dict[str, BufferPool]
-    stages: list[StageRuntime]
-    workers: dict[str, DeviceWorkers]
-    _dispatch: HookDispatcher
-    _costs: Any
-    _learn: bool
-    _lock: threading.Lock
-    _perf: Callable[[], float]
-    stage_runs_bound: int
-    stage_runs_unbound: int
-    stage_runs_to_caller: int
-    allocation_failures: int
-    states_renewed: int
+    :param host: the scheduler (:class:`StageHost`).
+    :param pools: the board's buffer pools, by memory domain.
+    :param perf: the clock stage runs are timed with (``Clock.perf_counter``).
+    """
 
-    failover: Failover | None
-
-    # implemented by the Scheduler
-    def restart(self, req: Request) -> None:
-        raise NotImplementedError
-
-    def _finish_locked(self, req: Request) -> None:
-        raise NotImplementedError
-
-    def _wake_finished(self, req: Request) -> None:
-        raise NotImplementedError
-
-    def _wake(self, req: Request) -> None:
-        raise NotImplementedError
+    def __init__(self, host: StageHost, pools: Mapping[str, BufferPool], perf: Callable[[], float]):
+        self._host = host
+        self.pools = dict(pools)
+        self._perf = perf
+        self.lock = threading.Lock()
+        """Guards the counters below, the tenants' busy time and stages' samples."""
+        self.stage_runs_bound = 0
+        self.stage_runs_unbound = 0
+        self.stage_runs_to_caller = 0
+        self.allocation_failures = 0
+        self.states_renewed = 0
+        """Per-worker states dropped as dead and built anew (see ``DeviceWorkers.state_for``)."""
 
     def run_stage(self, req: Request, st: StageRuntime, worker: DeviceWorkers) -> None:
         """Run one stage of ``req`` in a device worker thread and account for its outputs.
@@ -92,6 +111,10 @@ class StageRunner:
         Whatever goes wrong here (the stage, a hook, the runtime) fails this request only:
         the worker thread keeps serving the others.
         """
+        tenant = req.tenant
+        assert tenant is not None, "a scheduled request belongs to a tenant"
+        if req.deadline is not None and not req.flagged and self._host.priorities and tenant.late(req, st, worker):
+            return  # it can no longer meet its deadline: queued again behind those that still can
         inputs = req.program.inputs[st.sid]
         feeds: dict[str, Any] = {}
         err: BaseException | None = None
@@ -108,7 +131,7 @@ class StageRunner:
             except BaseException as exc:
                 err = exc
         dev = st.device
-        listeners = self._dispatch.listeners
+        listeners = tenant.dispatch.listeners
         before = listeners[Event.BEFORE_STAGE]
         if before and err is None:
             try:
@@ -165,12 +188,21 @@ class StageRunner:
                     energy = float(st.energy_fn())
                 except Exception:
                     energy = None  # energy is a report: a backend failing to give it fails no request
-            failover = self.failover
+            failover = tenant.failover
             if failover is not None and err is None and failover.streak:
                 failover.on_success(dev)
             learned: list[float] | None = None
-            with self._lock:
+            seconds = elapsed
+            if err is None and st.seconds_fn is not None:
+                try:
+                    seconds = float(st.seconds_fn())
+                except Exception:
+                    seconds = elapsed  # a report: a backend failing to give it fails no request
+            with self.lock:
                 worker.runs += 1
+                tenant.stage_runs += 1
+                busy = tenant.busy
+                busy[dev] = busy.get(dev, 0.0) + seconds
                 if err is None:
                     if bound:
                         self.stage_runs_bound += 1
@@ -178,12 +210,15 @@ class StageRunner:
                         self.stage_runs_to_caller += 1
                     else:
                         self.stage_runs_unbound += 1
-                    if self._learn:
-                        st.samples.append(elapsed if st.seconds_fn is None else st.seconds_fn())
+                    est = tenant.estimates
+                    old = est.get(st)
+                    est[st] = seconds if old is None else old + _EWMA * (seconds - old)
+                    if tenant.learn:
+                        st.samples.append(seconds)
                         if len(st.samples) >= _LEARN_BATCH:
                             learned, st.samples = st.samples, []
-            if learned:
-                self._learn_from(st, learned)
+            if learned and tenant.costs is not None:
+                tenant.learn_from(st, learned)
         after = listeners[Event.AFTER_STAGE]
         if after:
             try:
@@ -195,30 +230,16 @@ class StageRunner:
                     fn(info)
             except BaseException as exc:
                 err = err or exc
-        self._complete(req, st, results, err, inputs, energy, device_error)
-        if device_error and st.stateful and st in self.stages:
+        self._complete(req, tenant, st, results, err, inputs, energy, device_error)
+        if device_error and st.stateful and st in tenant.stages:
             # the request starts over meanwhile (another worker may take it): this worker builds
             # its new context now, not with the next request waiting on it (or failing with it)
             worker.prepare_state(st)
 
     def state_renewed(self) -> None:
         """A worker dropped a dead per-worker state (worker thread)."""
-        with self._lock:
+        with self.lock:
             self.states_renewed += 1
-
-    def _learn_from(self, st: StageRuntime, samples: list[float]) -> None:
-        st.learned += len(samples)
-        for elapsed in samples:  # the same moving average as one update per run, just later
-            self._costs.update(st.key, st.device, elapsed, analytic_s=st.analytic_s)
-
-    def flush_costs(self, stages: list[StageRuntime] | None = None) -> None:
-        """Fold the stage times not yet learned into the cost table (see ``_LEARN_BATCH``);
-        ``stages`` default to the current plan's."""
-        for st in self.stages if stages is None else stages:
-            with self._lock:
-                samples, st.samples = st.samples, []
-            if samples:
-                self._learn_from(st, samples)
 
     def _run_bound(self, st: StageRuntime, feeds: dict[str, Any], dev: str,
                    worker: DeviceWorkers) -> list[Any] | None:
@@ -238,7 +259,7 @@ class StageRunner:
             for b in outs:
                 b.release()
             if not isinstance(exc, anyio.WouldBlock):
-                with self._lock:
+                with self.lock:
                     self.allocation_failures += 1
             return None
         try:
@@ -259,9 +280,10 @@ class StageRunner:
             raise
         return outs
 
-    def _complete(self, req: Request, st: StageRuntime, results: list[Any] | None, err: BaseException | None,
-                  inputs: tuple[tuple[str, Any], ...], energy: float | None = None,
+    def _complete(self, req: Request, tenant: Tenant, st: StageRuntime, results: list[Any] | None,
+                  err: BaseException | None, inputs: tuple[tuple[str, Any], ...], energy: float | None = None,
                   device_error: bool = False) -> None:
+        host = self._host
         ready: list[StageRuntime] = []
         notify = finished = restart = False
         with req.lock:
@@ -274,7 +296,7 @@ class StageRunner:
             if energy is not None:
                 req.energy_j += energy
             if err is not None and not req.closed and not req.parked:
-                failover = self.failover
+                failover = tenant.failover
                 if (device_error and failover is not None and not req.program.has_transfers
                         and failover.on_failure(req, st.device, err)):
                     req.parked = True  # starts over once nothing of it runs (see _failover)
@@ -313,15 +335,15 @@ class StageRunner:
                         notify = True
                 req.remaining -= 1
                 if not req.remaining:
-                    self._finish_locked(req)
+                    host.finish_locked(req)
                     finished = not notify
                     notify = True
         for nxt in ready:
-            self.workers[nxt.device].push(req, nxt)
+            host.push(req, nxt)
         if restart:
-            self.restart(req)
+            tenant.restart(req)
         elif finished:
-            self._wake_finished(req)
+            host.wake_finished(req)
         elif notify:
-            self._wake(req)
+            host.wake(req)
 

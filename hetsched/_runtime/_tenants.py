@@ -1,0 +1,533 @@
+"""Tenants: the sessions one scheduler serves at once, and the order their stages run in.
+
+One :class:`~hetsched._runtime._scheduler.Scheduler` owns the board's device workers, one heap
+per worker group. Every attached :class:`Tenant` (one per session) puts its requests' stages on
+those same heaps, so a HIGH request of one model overtakes queued BACKGROUND stages of another.
+
+The heap key of a stage (a float; smaller runs first) is a *class term* plus a *time term*::
+
+    key = priority * aging_s + t          # priority class first, aged as before (aging_s)
+    t   = admitted                        # no SLO, one tenant (today's order: FIFO in a class)
+        = fair start tag                  # no SLO, several tenants: weighted fair queuing
+        = deadline - remaining(stage)     # SLO, Order.LEAST_SLACK: the stage's latest start
+        = deadline                        # SLO, Order.EARLIEST_DEADLINE
+        = flagged_at + max_slo            # SLO that can no longer be met: after those that can
+
+* **Least slack first** (Band's LSF): ``slack = deadline - now - remaining`` where
+  ``remaining`` is the estimated time of the request's longest path of stages still to run
+  from this one (per-stage estimates: an EWMA of the tenant's measured runs, seeded by the
+  cost table or the plan's analytic time). ``now`` is common to every entry of a heap, so the
+  latest start ``deadline - remaining`` orders them by slack; the key is computed whenever a
+  stage is pushed, so later stages of a request carry their own (smaller) remaining time.
+* **Missed SLOs**: when a stage is pushed or popped with negative slack, the request is
+  flagged (counted in :attr:`TenantStatistics.slo_flagged`), never dropped, and from then on
+  keyed ``flagged_at + max_slo`` (``max_slo``: the largest SLO any request has had): every
+  request of its class that was queued then and could still meet its SLO (its deadline is at
+  most ``admitted + max_slo``) goes first, and later arrivals cannot starve it. A popped stage
+  found late goes back on the heap once if others wait there. It is counted in ``slo_missed``
+  if it finishes after its deadline (``slo_met`` otherwise), whatever the flag said.
+* **Requests without SLO** order by admission, as if their deadline were their admission
+  time. With several tenants attached, a request's time term is a *start tag* of weighted
+  fair queuing in seconds (Zhang's VirtualClock with each tenant's rate its share of the
+  active tenants' weights): ``start = max(now, finish[tenant])``,
+  ``finish[tenant] = start + cost / share``, ``share = weight / sum(weights of tenants with
+  requests in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
+  tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order.
+* **Aging** is today's: a request that waited ``aging_s`` longer than another of the next
+  class up goes first; BACKGROUND never starves.
+* **FIFO** (``priorities=False``): the key is the admission time, whatever the class or SLO
+  (SLOs are still counted).
+
+The key is a hint read when a stage is pushed; two branches of one request pushed at the same
+moment from two threads may each see the other's key (both are the same request's anyway).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .._errors import RuntimeStateError
+from .._events import HookDispatcher
+from ._failover import Failover
+from ._generation import Generation
+from ._requests import Admission, Request
+
+if TYPE_CHECKING:
+    from ._program import Program, StageRuntime
+    from ._scheduler import Scheduler
+    from ._workers import DeviceWorkers
+
+__all__ = ["DEFAULT_SLO", "NEW_WAITER", "Order", "SchedulerStatistics", "Tenant", "TenantStatistics"]
+
+
+class Order(enum.Enum):
+    """How requests with an SLO order within a priority class."""
+
+    LEAST_SLACK = "least-slack"
+    """Band's LSF: the smallest ``deadline - now - remaining estimated time`` first."""
+    EARLIEST_DEADLINE = "earliest-deadline"
+    """EDF: the earliest deadline first, whatever is left to run."""
+
+
+DEFAULT_SLO: Any = object()
+"""``slo_s`` left out of :meth:`Tenant.new_request`: the tenant's default SLO."""
+NEW_WAITER: Any = object()
+"""``waiter`` left out of :meth:`Tenant.new_request`: a new waiter of the running loop."""
+
+_EWMA = 0.1
+"""Weight of a new run time in a stage's estimate (Band's latency estimator uses 0.1)."""
+_MIN_COST_S = 1.0e-6
+"""A stage estimated at nothing still costs this much (fair tags must advance)."""
+
+
+@dataclass(frozen=True)
+class TenantStatistics:
+    """A snapshot of one tenant (session) of the scheduler."""
+
+    name: str
+    weight: float
+    slo_s: float | None
+    """The default SLO of its requests."""
+    max_in_flight: int | None
+    requests: int
+    """Requests made."""
+    completed: int
+    failed: int
+    cancelled: int
+    in_flight: int
+    """Requests made and not finalized yet."""
+    slo_requests: int
+    """Finished requests that had a deadline (``slo_met + slo_missed``)."""
+    slo_met: int
+    slo_missed: int
+    """Finished after their deadline (served, never dropped)."""
+    slo_flagged: int
+    """Requests found unable to meet their deadline while queued (served after those that could)."""
+    stage_runs: int
+    busy_s: Mapping[str, float]
+    """Seconds each device spent on its stages: the backend's modelled board time where it
+    reports one (``last_run_seconds``), else the host's wall time of the run. What a board's
+    measured energy is split by."""
+    detached: bool
+
+
+@dataclass(frozen=True)
+class SchedulerStatistics:
+    """A snapshot of the scheduler across its tenants."""
+
+    tenants: tuple[TenantStatistics, ...]
+    """Attached tenants, then the detached ones, in attachment order."""
+    busy_s: Mapping[str, float]
+    """Per device, the busy seconds of every tenant, attached or detached."""
+    admitted: int
+    """Slots of the runtime-wide admission limit in use now (0 without a limit)."""
+    waiting: int
+    """Callers waiting for a runtime-wide slot."""
+    max_in_flight: int | None
+    queued_stages: int
+    order: Order
+    priorities: bool
+
+
+class Tenant:
+    """One session's share of a :class:`~hetsched._runtime._scheduler.Scheduler` (made by
+    :meth:`Scheduler.attach`): its plans, admission, request statistics and the order keys of
+    its requests. Thread-safe where noted; everything else runs on the scheduler's loop."""
+
+    def __init__(self, scheduler: Scheduler, name: str, *, dispatch: HookDispatcher, costs: Any,
+                 learn_costs: bool, weight: float, max_in_flight: int | None, slo_s: float | None):
+        if not weight > 0:
+            raise ValueError(f"tenant {name!r}: weight must be positive, got {weight!r}")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"tenant {name!r}: max_in_flight must be >= 1 or None, got {max_in_flight!r}")
+        if slo_s is not None and not slo_s > 0:
+            raise ValueError(f"tenant {name!r}: slo_s must be positive or None, got {slo_s!r}")
+        self.name = name
+        self.scheduler = scheduler
+        self.dispatch = dispatch
+        self.costs = costs
+        self.learn = learn_costs
+        self.weight = float(weight)
+        self.max_in_flight = max_in_flight
+        self.slo_s = slo_s
+        self.generation: Generation | None = None
+        """The plan new requests use (see ``_generation``)."""
+        self.stages: list[StageRuntime] = []
+        self._generations = itertools.count()
+        self._live: dict[int, Generation] = {}
+        self.failover: Failover | None = None
+        """Device failure handling (set by the session; None: a failing stage fails its request)."""
+        self._limiter = Admission(max_in_flight) if max_in_flight is not None else None
+        self._lock = threading.Lock()
+        self.estimates: dict[StageRuntime, float] = {}
+        """Per stage, an EWMA of its run time (updated by the stage runner, any thread)."""
+        self.busy: dict[str, float] = {}
+        """Per device, busy seconds (updated by the stage runner under its lock)."""
+        self.stage_runs = 0
+        self._finish_tag = 0.0
+        self.requests = 0
+        self.completed = 0
+        self.failed = 0
+        self.cancelled = 0
+        self.live = 0
+        self.slo_met = 0
+        self.slo_missed = 0
+        self.slo_flagged = 0
+        self.detaching = False
+        self.detached = False
+        self._drained: Any = None
+
+    def __repr__(self) -> str:
+        return f"Tenant({self.name!r}, weight={self.weight}, slo_s={self.slo_s})"
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None],
+                   on_drained: Callable[[Generation], None] | None = None) -> Generation:
+        """Install a plan's stages: requests made from now on use them (any admitted before
+        finish on theirs). The previous plan retires: ``on_drained(old)`` runs once its last
+        request is gone (in that request's thread); the owner closes its stages, then calls
+        :meth:`forget` (default: it is just forgotten).
+        Requests parked for a plan without a quarantined device start over on this one if it
+        leaves out every quarantined device (see ``Failover.installed``)."""
+        sch = self.scheduler
+        gen = Generation(next(self._generations), stages, output_source, sch.topology, sch.host)
+        old, self.generation = self.generation, gen
+        self.stages = stages
+        self._live[gen.number] = gen
+        if old is not None:
+            self.flush_costs(old.stages)
+            old.retire(on_drained if on_drained is not None else self.forget)
+        if self.failover is not None:
+            for req in self.failover.installed(frozenset(st.device for st in stages)):
+                self.restart(req, counted=True)
+        return gen
+
+    def live_generations(self) -> list[Generation]:
+        """The current plan's generation and the retired ones not closed yet."""
+        return list(self._live.values())
+
+    def forget(self, gen: Generation) -> None:
+        """``gen``'s stages are closed: it is no longer live (any thread)."""
+        self._live.pop(gen.number, None)
+
+    def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
+        """The current plan's program for requests asking ``wanted`` with inputs ``fed``."""
+        gen = self.generation
+        if gen is None:
+            raise RuntimeStateError(f"tenant {self.name!r} has no stages (no plan installed)")
+        return gen.program(wanted, fed)
+
+    def learn_from(self, st: StageRuntime, samples: list[float]) -> None:
+        for elapsed in samples:  # the same moving average as one update per run, just later
+            self.costs.update(st.key, st.device, elapsed, analytic_s=st.analytic_s)
+        st.learned += len(samples)
+
+    def flush_costs(self, stages: Sequence[StageRuntime] | None = None) -> None:
+        """Fold the stage times not yet learned into the cost table; ``stages`` default to the
+        current plan's."""
+        lock = self.scheduler.runner.lock
+        for st in self.stages if stages is None else stages:
+            with lock:
+                samples, st.samples = st.samples, []
+            if samples and self.costs is not None:
+                self.learn_from(st, samples)
+
+    def restart(self, req: Request, counted: bool = False) -> None:
+        """Start ``req`` over on the current plan (any thread): it was parked after a device
+        failure and nothing of it runs any more. Waits instead while a plan without a
+        quarantined device is coming; a request closed meanwhile (cancelled) is let go."""
+        failover = self.failover
+        with req.lock:
+            if req.closed:
+                req.parked = False
+                req.finalize_locked()
+                return
+        if failover is not None and not counted and not failover.take(req):
+            return  # parked until the new plan is installed (set_stages) or found impossible
+        gen = self.generation
+        assert gen is not None
+        wanted = tuple(name for name, _ in req.program.wanted)
+        program = gen.program(wanted, req.program.fed)
+        with req.lock:
+            if req.closed:
+                req.parked = False
+                req.finalize_locked()
+                return
+            req.rebind_locked(program)
+            req.retries += 1
+            if req.deadline is not None:
+                req.rem = self.remaining(program)
+        sch = self.scheduler
+        if req.done:
+            sch.wake(req)
+            return
+        sch.push_initial(req)
+
+    def fail_parked(self, parked: Sequence[tuple[Request, BaseException | None]]) -> None:
+        """Fail requests that were waiting to start over (no plan could replace their device,
+        or the session is closing); any thread."""
+        for req, error in parked:
+            with req.lock:
+                req.parked = False
+                if req.closed:
+                    req.finalize_locked()
+                    continue
+                req.error = error or RuntimeStateError("the session stopped before the request could start over")
+                req.closed = True
+                req.finalize_locked()
+            self.scheduler.wake(req)
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.detaching:
+            raise RuntimeStateError(f"tenant {self.name!r} is detached (or detaching) from the scheduler: "
+                                    "it takes no new requests")
+
+    async def acquire(self, priority: int) -> None:
+        """One admission slot: the tenant's (``max_in_flight``, first come first served), then
+        the runtime's (the most urgent waiter first). Waits only when there is no room.
+
+        :raises RuntimeStateError: the tenant is detached.
+        """
+        self._check_open()
+        limiter = self._limiter
+        if limiter is not None and not limiter.try_acquire():
+            await limiter.acquire()
+        glob = self.scheduler.admission
+        if glob is not None and not glob.try_acquire():
+            try:
+                await glob.acquire(priority)
+            except BaseException:
+                if limiter is not None:
+                    limiter.release()
+                raise
+
+    def try_acquire(self) -> bool:
+        """One admission slot if both limits have room now (never waits)."""
+        if self.detaching:
+            return False
+        limiter = self._limiter
+        if limiter is not None and not limiter.try_acquire():
+            return False
+        glob = self.scheduler.admission
+        if glob is not None and not glob.try_acquire():
+            if limiter is not None:
+                limiter.release()
+            return False
+        return True
+
+    def release(self, slots: int = 1) -> None:
+        """Give ``slots`` admission slots back (event loop)."""
+        limiter, glob = self._limiter, self.scheduler.admission
+        for _ in range(slots):
+            if glob is not None:
+                glob.release()
+            if limiter is not None:
+                limiter.release()
+
+    @property
+    def slots_in_use(self) -> int:
+        limiter = self._limiter
+        return limiter.active if limiter is not None else 0
+
+    # -- requests -------------------------------------------------------------------------
+
+    def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
+                    copy_out: bool = True, waiter: Any = NEW_WAITER, slo_s: Any = DEFAULT_SLO) -> Request:
+        """A request of this tenant admitted now (any thread). ``slo_s``: its SLO (None: none;
+        left out: the tenant's default).
+
+        :raises RuntimeStateError: the tenant is detached.
+        :raises ValueError: ``slo_s`` is not positive.
+        """
+        self._check_open()
+        slo = self.slo_s if slo_s is DEFAULT_SLO else slo_s
+        if slo is not None and not slo > 0:
+            raise ValueError(f"slo_s must be positive or None, got {slo!r}")
+        sch = self.scheduler
+        req = Request(rid, priority, 0.0, program, feeds, sch.new_waiter() if waiter is NEW_WAITER else waiter,
+                      copy_out, self)
+        if slo is not None:
+            req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
+        with self._lock:
+            self.requests += 1
+            self.live += 1
+        self.admit(req)
+        return req
+
+    def admit(self, req: Request) -> None:
+        """Stamp ``req``'s admission now (any thread): its admission time, deadline and heap
+        key. A stream calls this when it admits a request it made earlier."""
+        sch = self.scheduler
+        now = sch.monotonic()
+        slo = req.deadline - req.admitted if req.deadline is not None else None
+        req.admitted = now
+        step = sch.step
+        if slo is None:
+            if sch.shared:
+                req.key = self._fair_tag(now, req.program) + req.priority * step
+            else:
+                req.key = now + req.priority * step
+            return
+        req.deadline = now + slo
+        sch.saw_slo(slo)
+        if not sch.priorities:
+            req.key = now
+            return
+        req.rem = self.remaining(req.program)
+        req.key = (req.deadline - max(req.rem.values(), default=0.0) if sch.order is Order.LEAST_SLACK
+                   else req.deadline) + req.priority * step
+
+    def estimate(self, st: StageRuntime) -> float:
+        """Estimated seconds of one run of ``st`` (any thread)."""
+        est = self.estimates.get(st)
+        if est is None:
+            costs = self.costs
+            learned = costs.get(st.key, st.device) if costs is not None else None
+            est = float(learned) if learned is not None else float(st.analytic_s or 0.0)
+        return est
+
+    def remaining(self, program: Program) -> dict[int, float]:
+        """Per stage id, the estimated seconds of the longest path of stages from it to the end."""
+        rem: dict[int, float] = {}
+        for st in reversed(program.stages):  # consumers come after their producers
+            after = 0.0
+            for _i, _name, _refs, same, remote in program.outs[st.sid]:
+                for sid in same:
+                    after = max(after, rem.get(sid, 0.0))
+                for dom in remote:
+                    for sid in program.xfers.get((_name, dom), (0, ()))[1]:
+                        after = max(after, rem.get(sid, 0.0))
+            rem[st.sid] = self.estimate(st) + after
+        return rem
+
+    def _fair_tag(self, now: float, program: Program) -> float:
+        """The start tag of weighted fair queuing (see the module docstring); any thread."""
+        cost = max(_MIN_COST_S, sum(self.estimate(st) for st in program.stages))
+        sch = self.scheduler
+        with sch.fair_lock:
+            active = sum(t.weight for t in sch.tenants() if t.live > 0 or t is self)
+            start = max(now, self._finish_tag)
+            self._finish_tag = start + cost * active / self.weight
+        return start
+
+    def rekey(self, req: Request, st: StageRuntime) -> None:
+        """Key ``req`` for pushing its stage ``st`` (a request with a deadline; any thread):
+        its latest start (or deadline), or flagged and demoted once it can no longer make it."""
+        if req.flagged:
+            return
+        sch = self.scheduler
+        now = sch.monotonic()
+        rem = req.rem
+        left = rem.get(st.sid, 0.0) if rem is not None else 0.0
+        deadline = req.deadline
+        assert deadline is not None
+        latest = deadline - left
+        if now > latest:
+            self.flag(req, now)
+            return
+        req.key = (latest if sch.order is Order.LEAST_SLACK else deadline) + req.priority * sch.step
+
+    def late(self, req: Request, st: StageRuntime, worker: DeviceWorkers) -> bool:
+        """``st`` of ``req`` was just popped (worker thread): if the request can no longer meet
+        its deadline it is flagged, and when other stages wait on ``worker`` it goes back on the
+        heap behind those that still can (True: not to run now)."""
+        sch = self.scheduler
+        now = sch.monotonic()
+        rem = req.rem
+        deadline = req.deadline
+        assert deadline is not None
+        if now + (rem.get(st.sid, 0.0) if rem is not None else 0.0) <= deadline:
+            return False
+        self.flag(req, now)
+        if worker.queued:
+            worker.push(req, st)
+            return True
+        return False
+
+    def flag(self, req: Request, now: float) -> None:
+        """``req`` can no longer meet its deadline: flag and demote it (any thread)."""
+        sch = self.scheduler
+        req.flagged = True
+        req.key = now + sch.max_slo + req.priority * sch.step
+        with self._lock:
+            self.slo_flagged += 1
+
+    def request_ended(self, req: Request) -> None:
+        """``req`` is finalized for good (any thread, under its lock): count it; the last one
+        of a detaching tenant wakes :meth:`detach`."""
+        deadline = req.deadline
+        with self._lock:
+            self.live -= 1
+            if req.error is not None:
+                self.failed += 1
+            elif req.done:
+                self.completed += 1
+                if deadline is not None:
+                    finished = req.finished_at
+                    if finished is not None and finished <= deadline:
+                        self.slo_met += 1
+                    else:
+                        self.slo_missed += 1
+            else:
+                self.cancelled += 1
+            drained = self.live == 0 and self._drained is not None
+            waiter = self._drained if drained else None
+        if waiter is not None:
+            self.scheduler.resolve_soon(waiter)
+
+    # -- detaching ------------------------------------------------------------------------
+
+    async def detach(self) -> TenantStatistics:
+        """Stop taking requests and wait until every request of this tenant is finalized
+        (its buffers back in the pools); the other tenants keep being served. Returns the
+        tenant's last statistics. Its plans' stages are the owner's to close afterwards
+        (:meth:`live_generations`). Event loop; idempotent."""
+        sch = self.scheduler
+        self.detaching = True
+        while True:
+            with self._lock:
+                if self.live <= 0:
+                    self._drained = None
+                    break
+                waiter = self._drained = sch.new_waiter()
+            await sch.wait_on(waiter)
+        self.flush_costs()
+        sch.forget_tenant(self)
+        self.detached = True
+        return self.statistics()
+
+    def statistics(self) -> TenantStatistics:
+        lock = self.scheduler.runner.lock
+        with lock:
+            busy = dict(self.busy)
+            runs = self.stage_runs
+        with self._lock:
+            return TenantStatistics(
+                name=self.name, weight=self.weight, slo_s=self.slo_s, max_in_flight=self.max_in_flight,
+                requests=self.requests, completed=self.completed, failed=self.failed, cancelled=self.cancelled,
+                in_flight=self.live, slo_requests=self.slo_met + self.slo_missed, slo_met=self.slo_met,
+                slo_missed=self.slo_missed, slo_flagged=self.slo_flagged, stage_runs=runs,
+                busy_s=MappingProxyType(busy), detached=self.detached)
+
+    # -- pass-throughs, so that a session can hold just its tenant ------------------------
+
+    async def execute(self, req: Request) -> None:
+        await self.scheduler.execute(req)
+
+    def take_outputs(self, req: Request) -> list[tuple[str, Any]]:
+        return self.scheduler.take_outputs(req)
+
+    def push_initial(self, req: Request) -> None:
+        self.scheduler.push_initial(req)
+
+    def unique_workers(self) -> list[DeviceWorkers]:
+        return self.scheduler.unique_workers()
