@@ -20,7 +20,7 @@ import numpy as np
 
 from hetsched._errors import BackendUnavailableError, StageExecutionError
 
-from ._base import Device, TensorSpec, WorkerInfo
+from ._base import Device, StageHooks, TensorSpec, WorkerInfo
 
 __all__ = ["LiteStage", "load_lite"]
 
@@ -58,6 +58,7 @@ class LiteStage:
         self.output_names = tuple(out_names)
         self._workers = workers
         self._local = threading.local()
+        self.hooks = StageHooks(in_place=self, worker_state=self)
 
     def _error(self, what: str, exc: BaseException | None = None) -> StageExecutionError:
         err = StageExecutionError(f"stage {self.name!r} failed on device {self.device.name!r}: {what}",

@@ -29,7 +29,7 @@ import onnxruntime as ort
 from hetsched._errors import CompileError, DeviceSpecError, StageExecutionError
 from hetsched._onnxruntime import ort_session
 
-from ._base import Backend, Capabilities, CompiledStage, Device, TensorSpec
+from ._base import Backend, BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec
 
 __all__ = ["CpuBackend", "CpuStage", "intra_op_affinities"]
 
@@ -144,6 +144,7 @@ class CpuStage:
             None if self.unbound_reason is not None or None in specs
             else tuple(s for s in specs if s is not None)
         )
+        self.hooks = StageHooks(in_place=self, unbound_reason=self.unbound_reason)
 
     @property
     def session(self) -> ort.InferenceSession:
@@ -250,6 +251,9 @@ class CpuBackend:
     ``graph_optimization_level`` (an ``ort.GraphOptimizationLevel``)."""
 
     name = "cpu"
+
+    def __init__(self) -> None:
+        self.hooks = BackendHooks(workers=self)
 
     def capabilities(self, device: Device) -> Capabilities:
         # The CPU EP implements (nearly) every standard op; what it lacks fails at compile

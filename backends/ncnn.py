@@ -44,7 +44,7 @@ from hetsched._errors import BackendUnavailableError, CompileError, DeviceSpecEr
 from hetsched._rknn.accuracy import StageAccuracy, measure_accuracy, random_samples
 from hetsched._rknn.prepare import io_specs, prepare_stage
 
-from ._base import Capabilities, CompiledStage, Device, TensorSpec
+from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec
 from ._ncnn_cache import CacheStatistics, NcnnCache, NcnnEntry, default_cache_dir, stage_key
 from ._ncnn_convert import (
     COSINE_FLOOR,
@@ -135,6 +135,7 @@ class NcnnStage:
         self.precision = precision
         self.vulkan = vulkan
         self.accuracy: StageAccuracy | None = None
+        self.hooks = StageHooks(in_place=self, compile_cache=self, accuracy=self, statistics=self)
 
     def output_specs(self) -> tuple[TensorSpec, ...]:
         return tuple(self._out_specs)
@@ -261,6 +262,7 @@ class NcnnBackend:
     """A first compile converts with pnnx and builds Vulkan pipelines: seconds."""
 
     def __init__(self) -> None:
+        self.hooks = BackendHooks(slow_compile=self.slow_compile)
         self._lock = threading.Lock()
         self._caches: dict[str, NcnnCache] = {}
         self._probes = 0

@@ -43,7 +43,7 @@ import onnx
 from hetsched._errors import BackendUnavailableError, CompileError, DeviceSpecError
 from hetsched._onnxruntime import ort_session
 
-from ._base import Backend, Capabilities, CompiledStage, Device
+from ._base import Backend, BackendHooks, Capabilities, CompiledStage, Device
 from .cpu import CpuStage
 
 __all__ = [
@@ -181,6 +181,7 @@ class OrtGpuBackend:
 
     def __init__(self, *, available_providers: Callable[[], Sequence[str]] | None = None,
                  cache_dir: str | os.PathLike[str] | None = None) -> None:
+        self.hooks = BackendHooks(workers=self)
         self._available = available_providers
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._lock = threading.Lock()

@@ -59,7 +59,7 @@ from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, defaul
 from hetsched._rknn.prepare import io_specs, prepare_stage
 from hetsched._rknn.processes import Prebuilt, ToolkitProcesses
 
-from ._base import Capabilities, CompiledStage, Device, TensorSpec, WorkerInfo
+from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec, WorkerInfo
 from .sim import OP_SETS, SimStage
 
 __all__ = [
@@ -178,6 +178,8 @@ class RknnStage:
         self._prebuilt: Prebuilt[_Context] | None = None
         self.proven = False
         """Whether the stage passed its compile-time probe run (``backends._probe``)."""
+        self.hooks = StageHooks(in_place=self, worker_state=self, state_probe=self, compile_cache=self,
+                                accuracy=self, statistics=self)
 
     def prebuild(self, workers: int) -> None:
         """Start building the contexts of workers ``1 .. workers - 1`` in background threads, so
@@ -328,6 +330,9 @@ class _TwinRknnStage(SimStage):
     def __init__(self, inner: RknnStage, name: str, device: Device, flops: float, nbytes: float):
         super().__init__(inner, name, device, flops, nbytes)
         self.rknn = inner
+        # the twin's modelled figures are this stage's; its cache hit and accuracy the toolkit's
+        self.hooks = dataclasses.replace(self.hooks, worker_state=self, state_probe=self, compile_cache=inner,
+                                         accuracy=inner)
 
     def run(self, feeds: Mapping[str, np.ndarray], state: object = None) -> list[np.ndarray]:
         t0 = time.perf_counter()
@@ -378,6 +383,7 @@ class RknnBackend:
     so ``Session(background_compile=True)`` opens without this backend's devices first."""
 
     def __init__(self) -> None:
+        self.hooks = BackendHooks(workers=self, slow_compile=self.slow_compile, compile_counters=self)
         self._lock = threading.Lock()
         self._caches: dict[Path, CompileCache] = {}
         self._versions: dict[str, str] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,9 +27,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from hetsched._errors import StageExecutionError
 from hetsched._planning.devices import host_cpus
 
-from ._base import Capabilities, CompiledStage, Device, OpRule
+from ._base import NO_BACKEND_HOOKS, Capabilities, CompiledStage, Device, OpRule, StageHooks, TensorSpec
 from .cpu import CpuBackend
 
 __all__ = ["OP_SETS", "SimBackend", "SimStage", "SimStageStatistics", "twin_devices"]
@@ -113,6 +114,12 @@ class SimStage:
         self._root: str | None = str(root) if root is not None else None
         self._reporter: Any = None
         self._reporter_checked = -1.0
+        inner_hooks = inner.hooks
+        self.hooks = StageHooks(
+            in_place=self if inner_hooks.in_place is not None else None,
+            unbound_reason=inner_hooks.unbound_reason, modelled=self, statistics=self,
+        )
+        """In place where the inner stage is; its modelled time and energy its own."""
 
     def modelled(self) -> tuple[float, float]:
         """(seconds, joules) of one run at the current clocks (roofline)."""
@@ -186,20 +193,19 @@ class SimStage:
         last = getattr(self._local, "last", None)
         return last[1] if last is not None else 0.0
 
-    @property
-    def unbound_reason(self) -> str | None:
-        """Why the inner stage cannot run in place from the start (a data-dependent output shape), or None."""
-        return getattr(self._inner, "unbound_reason", None)
-
-    def output_specs(self) -> Any:
+    def output_specs(self) -> Sequence[TensorSpec] | None:
         """The inner stage's static output specs (None: it cannot run in place)."""
-        specs = getattr(self._inner, "output_specs", None)
-        return specs() if specs is not None else None
+        inner = self._inner.hooks.in_place
+        return inner.output_specs() if inner is not None else None
 
-    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Any) -> None:
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         """Run in place through the inner stage, accounting the modelled time like :meth:`run`."""
+        inner = self._inner.hooks.in_place
+        if inner is None:  # never: hooks.in_place is None then, so the runtime does not call it
+            raise StageExecutionError(f"stage {self.name!r} cannot run in place", stage=self.name,
+                                      device=self.device.name)
         t0 = time.perf_counter()
-        self._inner.run_into(feeds, outputs)  # type: ignore[attr-defined]
+        inner.run_into(feeds, outputs)
         self._account(time.perf_counter() - t0)
 
     def statistics(self) -> SimStageStatistics:
@@ -217,6 +223,7 @@ class SimBackend:
     """Backend for twin devices (``Device.backend == "sim"``)."""
 
     name = "sim"
+    hooks = NO_BACKEND_HOOKS
 
     def __init__(self) -> None:
         self._cpu = CpuBackend()

@@ -55,7 +55,7 @@ from hetsched._errors import (
     StageExecutionError,
 )
 
-from ._base import Capabilities, CompiledStage, Device, TensorSpec, WorkerInfo
+from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec, WorkerInfo
 from ._tensorrt_build import bake_static_shapes, build_serialized_engine, build_settings, parse_version
 from ._tensorrt_cache import EngineCache, default_engine_cache_dir, engine_cache_key
 from ._tensorrt_run import (
@@ -192,6 +192,7 @@ class TensorRtStage:
         self._seconds = 0.0
         self._contexts = 0
         self._closed = False
+        self.hooks = StageHooks(in_place=self, worker_state=self, compile_cache=self, statistics=self)
 
     def _error(self, exc: BaseException) -> StageExecutionError:
         lost = isinstance(exc, CudaError) and device_lost(exc.name)
@@ -321,6 +322,7 @@ class TensorRtBackend:
     without this backend's devices first."""
 
     def __init__(self) -> None:
+        self.hooks = BackendHooks(slow_compile=self.slow_compile, compile_counters=self)
         self._lock = threading.Lock()
         self._caches: dict[Path, EngineCache] = {}
 

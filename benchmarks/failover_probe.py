@@ -61,7 +61,15 @@ from _labels import host, labelled, measured
 from onnx import TensorProto, helper
 
 from hetsched import DeviceFailedError, HetschedError, Replanning, Session
-from hetsched.backends import Capabilities, Device, WorkerInfo, register_backend, unregister_backend
+from hetsched.backends import (
+    BackendHooks,
+    Capabilities,
+    Device,
+    StageHooks,
+    WorkerInfo,
+    register_backend,
+    unregister_backend,
+)
 from hetsched.policies import Placement
 from hetsched.testing import FakeBackend, fake_device
 
@@ -187,6 +195,7 @@ class _SlowCompile(FakeBackend):
 
     def __init__(self, name: str, delay_s: float):
         super().__init__(name)
+        self.hooks = BackendHooks(slow_compile=True)
         self.delay_s = delay_s
         self.compiling = threading.Event()
 
@@ -265,6 +274,7 @@ class _CtxStage:
         self.name = name
         self.input_names = ("x",)
         self.output_names = ("y",)
+        self.hooks = StageHooks(worker_state=self, state_probe=self)
 
     def worker_state(self, worker: WorkerInfo) -> _Ctx:
         ctx = _Ctx()
@@ -302,6 +312,7 @@ class _CtxBackend:
         self.contexts: list[_Ctx] = []
         self.runs = 0
         self.crash_next = 0
+        self.hooks = BackendHooks(workers=self)
 
     def capabilities(self, device: Device) -> Capabilities:
         return Capabilities.everything()

@@ -17,7 +17,15 @@ from onnx import TensorProto, helper
 
 from hetsched import DeviceFailedError, Replanning, Session
 from hetsched._runtime._failover import Failover
-from hetsched.backends import Capabilities, Device, WorkerInfo, register_backend, unregister_backend
+from hetsched.backends import (
+    BackendHooks,
+    Capabilities,
+    Device,
+    StageHooks,
+    WorkerInfo,
+    register_backend,
+    unregister_backend,
+)
 from hetsched.policies import Placement
 from hetsched.testing import FakeBackend, fake_device
 
@@ -170,6 +178,7 @@ class _ContextStage:
         self.device = device
         self.input_names = ("x",)
         self.output_names = ("y",)
+        self.hooks = StageHooks(worker_state=self)
 
     def worker_state(self, worker: WorkerInfo) -> _Context:
         return self._backend.new_context(worker.index)
@@ -198,6 +207,10 @@ class _ContextStage:
 class _CheckedContextStage(_ContextStage):
     """One that can tell a dead context (as the RKNN stage asks whether its process lives)."""
 
+    def __init__(self, backend: _ContextBackend, name: str, device: Device):
+        super().__init__(backend, name, device)
+        self.hooks = StageHooks(worker_state=self, state_probe=self)
+
     def worker_state_alive(self, state: object) -> bool:
         return not (isinstance(state, _Context) and state.dead)
 
@@ -211,6 +224,7 @@ class _ContextBackend:
         self.contexts: list[_Context] = []
         self.runs = 0
         self.crash_at: set[int] = set()
+        self.hooks = BackendHooks(workers=self)
 
     def new_context(self, worker: int) -> _Context:
         with self.lock:

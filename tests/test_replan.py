@@ -22,6 +22,7 @@ from hetsched import (
     Session,
     StageExecutionError,
 )
+from hetsched.backends import NO_BACKEND_HOOKS, NO_STAGE_HOOKS
 from hetsched.policies import Pinned
 from hetsched.testing import FakeBackend, fake_device
 
@@ -211,6 +212,7 @@ class _Breaking:
     """A backend whose stage breaks its contract in the way the feed asks."""
 
     name = "breaking"
+    hooks = NO_BACKEND_HOOKS
 
     def capabilities(self, device: Any) -> Any:
         from hetsched.backends import Capabilities
@@ -223,6 +225,7 @@ class _Breaking:
         class Stage:
             input_names = ("x",)
             output_names = ("y",)
+            hooks = NO_STAGE_HOOKS
 
             def run(self, feeds: Mapping[str, np.ndarray]) -> Any:
                 outer.runs += 1

@@ -21,7 +21,14 @@ from onnx import TensorProto, helper
 
 from hetsched import Device, Session, StageExecutionError
 from hetsched._runtime._scheduler import WorkerInfo
-from hetsched.backends import Capabilities, CompiledStage, register_backend, unregister_backend
+from hetsched.backends import (
+    BackendHooks,
+    Capabilities,
+    CompiledStage,
+    StageHooks,
+    register_backend,
+    unregister_backend,
+)
 from hetsched.backends.cpu import CpuBackend
 
 F = TensorProto.FLOAT
@@ -61,6 +68,8 @@ class _StatefulStage:
         self._log = log
         self.input_names = inner.input_names
         self.output_names = inner.output_names
+        # declared, as a backend declares them: bindable only when asked
+        self.hooks = StageHooks(in_place=self if bindable else None, worker_state=self)  # type: ignore[arg-type]
         if bindable:
             self.output_specs = inner.output_specs
 
@@ -103,6 +112,7 @@ class _StatefulBackend:
 
     def __init__(self, log: _Log, bindable: bool):
         self.name = "stateful-test"
+        self.hooks = BackendHooks(workers=self)
         self._cpu = CpuBackend()
         self._log = log
         self._bindable = bindable

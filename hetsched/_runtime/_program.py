@@ -7,14 +7,17 @@ which stages they need, who reads which value where, which tensors cross memory 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._buffers import TensorBuffer
 from ._domains import Topology
+
+if TYPE_CHECKING:
+    from hetsched.backends._base import CompiledStage, StageHooks
 
 __all__ = ["Program", "StageIO", "StageRuntime", "address", "build_program"]
 
@@ -56,6 +59,7 @@ class StageRuntime:
         "domain",
         "energy_fn",
         "fallback_reason",
+        "hooks",
         "input_names",
         "key",
         "labels",
@@ -71,20 +75,23 @@ class StageRuntime:
         "stateful",
     )
 
-    def __init__(self, spec: Any, compiled: Any, key: str, analytic_s: float, domain: str):
+    def __init__(self, spec: Any, compiled: CompiledStage, key: str, analytic_s: float, domain: str):
         self.spec = spec
         self.sid: int = spec.id
         self.name: str = spec.name
         self.device: str = spec.device
-        self.compiled = compiled
+        self.compiled: Any = compiled
+        """The compiled stage (its optional calls, ``run(state=)`` and ``run_into``, as :attr:`hooks` declares)."""
         self.key = key
         self.analytic_s = analytic_s
         self.domain = domain
         self.input_names = frozenset(compiled.input_names)
         self.output_names = tuple(compiled.output_names)
         self.labels = tuple(f"{spec.name}:{o}" for o in self.output_names)
-        specs_fn = getattr(compiled, "output_specs", None)
-        specs = specs_fn() if specs_fn is not None and hasattr(compiled, "run_into") else None
+        hooks = compiled.hooks
+        self.hooks: StageHooks = hooks
+        """The optional protocols the stage declared (its backend's :class:`StageHooks`)."""
+        specs = hooks.in_place.output_specs() if hooks.in_place is not None else None
         self.specs: tuple[tuple[np.dtype[Any], tuple[int, ...]], ...] | None = (
             tuple((np.dtype(d), tuple(s)) for d, s in specs) if specs is not None else None
         )
@@ -92,26 +99,27 @@ class StageRuntime:
         self.samples: list[float] = []  # run times not yet folded into the cost table
         self.learned = 0
         """Run times folded into the cost table so far."""
-        seconds = getattr(compiled, "last_run_seconds", None)
-        self.seconds_fn: Any = seconds if callable(seconds) else None
+        modelled = hooks.modelled
+        self.seconds_fn: Callable[[], float] | None = modelled.last_run_seconds if modelled is not None else None
         """The backend's own seconds of the run that just ended in this thread
         (``last_run_seconds()``: a twin stage's modelled board time), learned instead of the
         host's wall time; None: the host's time is the stage's cost."""
-        self.stateful = callable(getattr(compiled, "worker_state", None))
-        alive = getattr(compiled, "worker_state_alive", None) if self.stateful else None
-        self.state_alive: Any = alive if callable(alive) else None
+        self.energy_fn: Callable[[], float] | None = (
+            modelled.last_run_energy_j if modelled is not None else None)
+        """The backend's modelled or measured joules of the run that just ended in this thread
+        (``last_run_energy_j()``), or None for a backend that reports no energy."""
+        self.stateful = hooks.worker_state is not None
+        """The stage keeps per-worker state (``worker_state``): its runs get ``state=``."""
+        probe = hooks.state_probe if self.stateful else None
+        self.state_alive: Callable[[object], bool] | None = probe.worker_state_alive if probe is not None else None
         """``worker_state_alive(state) -> bool`` of a stateful stage that can tell whether a
         worker's state still works (its context's process lives); None: assumed alive until a
         run on it raises :class:`~hetsched.DeviceFailedError`."""
-        energy = getattr(compiled, "last_run_energy_j", None)
-        self.energy_fn: Any = energy if callable(energy) else None
-        """The backend's modelled or measured joules of the run that just ended in this thread
-        (``last_run_energy_j()``), or None for a backend that reports no energy."""
-        """The stage keeps per-worker state (``worker_state``): its runs get ``state=``."""
         self.fallback_reason: str | None = (
             None if self.bound else
-            "the backend cannot run it in place" if specs_fn is None else
-            "dynamic output shapes or types that cannot be bound"
+            hooks.unbound_reason or (
+                "the backend cannot run it in place" if hooks.in_place is None else
+                "dynamic output shapes or types that cannot be bound")
         )
 
 

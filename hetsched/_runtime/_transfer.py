@@ -114,12 +114,17 @@ class TransferInfo:
 
 
 class TransferHooks(Protocol):
-    """Any object with some of these methods; only the ones it defines are called (sync, on the loop)."""
+    """What the engine reports to (sync, on the loop): each member a callable, or None for an
+    event nobody listens to (it then costs nothing). Methods of these names qualify."""
 
-    def before_transfer(self, info: TransferInfo) -> None: ...
-    def after_transfer(self, info: TransferInfo) -> None: ...
-    def preempted(self, info: TransferInfo) -> None: ...
-    def resumed(self, info: TransferInfo) -> None: ...
+    @property
+    def before_transfer(self) -> Callable[[TransferInfo], None] | None: ...
+    @property
+    def after_transfer(self) -> Callable[[TransferInfo], None] | None: ...
+    @property
+    def preempted(self) -> Callable[[TransferInfo], None] | None: ...
+    @property
+    def resumed(self) -> Callable[[TransferInfo], None] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +258,8 @@ class TransferEngine:
     :param copy_threads: at most this many chunk copies run in worker threads at once.
     :param copy_fn: moves one chunk; the default is ``numpy.copyto``. A device backend injects
         its own DMA/memcpy here.
-    :param hooks: an object with any of ``before_transfer``, ``after_transfer``, ``preempted``,
-        ``resumed``; the ones it lacks cost nothing.
+    :param hooks: a :class:`TransferHooks`: ``before_transfer``, ``after_transfer``, ``preempted``,
+        ``resumed``, each a callable or None (None costs nothing).
     :raises TransferError: ``chunk_bytes`` is not positive or a pool's domain is unknown.
     """
 
@@ -267,7 +272,7 @@ class TransferEngine:
         inline_bytes: int = 64 << 10,
         copy_threads: int = 2,
         copy_fn: CopyFn | None = None,
-        hooks: object | None = None,
+        hooks: TransferHooks | None = None,
     ) -> None:
         if chunk_bytes <= 0 or copy_threads <= 0:
             raise TransferError(f"chunk_bytes and copy_threads must be positive, got {chunk_bytes}, {copy_threads}")
@@ -280,10 +285,10 @@ class TransferEngine:
         self.inline_bytes = inline_bytes
         self._copy_threads = copy_threads
         self._copy = copy_fn or _numpy_copy
-        self._on_before = getattr(hooks, "before_transfer", None)
-        self._on_after = getattr(hooks, "after_transfer", None)
-        self._on_preempted = getattr(hooks, "preempted", None)
-        self._on_resumed = getattr(hooks, "resumed", None)
+        self._on_before = hooks.before_transfer if hooks is not None else None
+        self._on_after = hooks.after_transfer if hooks is not None else None
+        self._on_preempted = hooks.preempted if hooks is not None else None
+        self._on_resumed = hooks.resumed if hooks is not None else None
         self._channels: dict[str, _Channel] = {}
         self._routes: dict[tuple[MemoryDomain, MemoryDomain | str], tuple[MemoryDomain, _Channel | None]] = {}
         self._seq = itertools.count()
@@ -350,15 +355,15 @@ class TransferEngine:
         if ch is None:
             await anyio.lowlevel.checkpoint()
             src.retain()
-            info = None
-            if self._on_before is not None or self._on_after is not None:
-                info = TransferInfo(src_dom.name, dst_dom.name, None, src.nbytes, priority, 0, lbl, True)
-            if self._on_before is not None:
-                self._on_before(info)
+            before, after = self._on_before, self._on_after
+            info = (TransferInfo(src_dom.name, dst_dom.name, None, src.nbytes, priority, 0, lbl, True)
+                    if before is not None or after is not None else None)
+            if before is not None and info is not None:
+                before(info)
             src.pool.record_copy(src_dom, dst_dom, 0)
             self._mappings += 1
-            if self._on_after is not None:
-                self._on_after(info)
+            if after is not None and info is not None:
+                after(info)
             return src
         try:
             dst_pool = self._pools[dst_dom.name]

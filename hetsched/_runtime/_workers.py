@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hetsched.backends._base import WorkerInfo
 
+from .._errors import RuntimeStateError
 from .._platform.affinity import pin_current_thread
 
 if TYPE_CHECKING:
@@ -54,8 +55,11 @@ class WorkerHost(Protocol):
 
 def _alive(st: StageRuntime, state: object) -> bool:
     """``st.state_alive(state)``; a hook that raises cannot vouch for the state: dead."""
+    probe = st.state_alive
+    if probe is None:
+        return True
     try:
-        return bool(st.state_alive(state))
+        return bool(probe(state))
     except Exception:
         return False
 
@@ -64,11 +68,11 @@ def close_states(states: Sequence[tuple[StageRuntime, object]]) -> BaseException
     """Close per-worker states with their stages' ``close_worker_state``; the first error."""
     first: BaseException | None = None
     for st, state in states:
-        close = getattr(st.compiled, "close_worker_state", None)
-        if close is None:
+        hook = st.hooks.worker_state
+        if hook is None:
             continue
         try:
-            close(state)
+            hook.close_worker_state(state)
         except Exception as exc:
             first = first or exc
     return first
@@ -139,7 +143,7 @@ class DeviceWorkers:
 
     def state_for(self, st: StageRuntime) -> object:
         """This worker thread's state for stage ``st`` (worker thread only), created on first use
-        by ``st.compiled.worker_state(info)``, and created anew when the one it had is dead
+        by the stage's declared ``hooks.worker_state.worker_state(info)``, and created anew when the one it had is dead
         (``worker_state_alive`` says so, or :meth:`renew_state` dropped it after a device
         failure): a crashed device context costs the runs that were in it, not the worker.
 
@@ -152,7 +156,10 @@ class DeviceWorkers:
             if st.state_alive is None or _alive(st, state):
                 return state
             self._drop_state(st)
-        state = st.compiled.worker_state(self._local.info)
+        hook = st.hooks.worker_state
+        if hook is None:  # the scheduler asks only for stages that declared per-worker state
+            raise RuntimeStateError(f"stage {st.name!r} keeps no per-worker state")
+        state = hook.worker_state(self._local.info)
         with self._states_lock:
             states[st] = state
         return state

@@ -23,7 +23,16 @@ import numpy as np
 import onnx
 
 from hetsched._errors import CompileError, DeviceFailedError, StageExecutionError
-from hetsched.backends import Capabilities, Device, register_backend, unregister_backend
+from hetsched.backends import (
+    NO_BACKEND_HOOKS,
+    NO_STAGE_HOOKS,
+    BackendHooks,
+    Capabilities,
+    Device,
+    StageHooks,
+    register_backend,
+    unregister_backend,
+)
 
 __all__ = ["FakeBackend", "FakeCall", "FakeStage", "fake_device"]
 
@@ -51,6 +60,8 @@ class FakeStage:
         self.input_names = tuple(i.name for i in model.graph.input
                                  if i.name not in {t.name for t in model.graph.initializer})
         self.output_names = tuple(o.name for o in model.graph.output)
+        self.hooks: StageHooks = NO_STAGE_HOOKS
+        """None of the optional protocols (a test's subclass may declare some)."""
         self._ref: Any = None
         if backend.handler is None:
             from onnx.reference import ReferenceEvaluator
@@ -104,6 +115,8 @@ class FakeBackend:
         self.compiled: list[str] = []
         self.closed: list[str] = []
         """Names of the stages closed so far (a re-planned session closes its old plan's)."""
+        self.hooks: BackendHooks = NO_BACKEND_HOOKS
+        """None of the optional protocols (a test may declare some: ``slow_compile``)."""
         self.failed_devices: frozenset[str] = frozenset()
         """Devices whose every run raises :class:`~hetsched.DeviceFailedError` (see :meth:`fail_device`)."""
         self._lock = threading.Lock()
