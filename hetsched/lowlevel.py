@@ -25,6 +25,7 @@ if _typing.TYPE_CHECKING:
     from ._estimators import power_estimator_for as power_estimator_for
     from ._governor import AxisTuner as AxisTuner
     from ._governor import Tuner as Tuner
+    from ._governor import TunerConfig as TunerConfig
     from ._governor import TunerFactory as TunerFactory
     from ._governor import TunerSettings as TunerSettings
     from ._planning.graph import GraphIndex as GraphIndex
@@ -53,6 +54,7 @@ _LAZY: dict[str, str] = {
     "power_estimator_for": "._estimators",
     "AxisTuner": "._governor",
     "Tuner": "._governor",
+    "TunerConfig": "._governor",
     "TunerFactory": "._governor",
     "TunerSettings": "._governor",
     "GraphIndex": "._planning.graph",
@@ -94,6 +96,7 @@ __all__ = (
     "TransferEngine",
     "TransferStatistics",
     "Tuner",
+    "TunerConfig",
     "TunerFactory",
     "TunerSettings",
     "build_plan",

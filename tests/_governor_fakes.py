@@ -9,10 +9,21 @@ delays when a written clock takes effect (a transition latency).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-from hetsched._governor import DomainSpec, GovernorEngine, Phase
+from hetsched._governor import (
+    DomainSpec,
+    GovernorEngine,
+    Measurement,
+    OperatingPoint,
+    Phase,
+    PhaseModel,
+    Tuner,
+    TunerSettings,
+    TunerStatistics,
+    axis_tuner,
+)
 from hetsched._snapshot import Snapshot, ZoneState
 
 Table = Callable[[Phase, Mapping[str, int]], tuple[float, float]]
@@ -165,3 +176,92 @@ class TableBoard:
             energy += dt * watts
             elapsed += dt
         return elapsed, energy
+
+
+class RecordingTuner:
+    """A :class:`~hetsched.lowlevel.Tuner` around another, logging what its driver proposed and
+    recorded (only the protocol's members are used)."""
+
+    def __init__(self, inner: Tuner, log: TunerLog) -> None:
+        self._inner = inner
+        self._log = log
+
+    def propose(self) -> OperatingPoint | None:
+        point = self._inner.propose()
+        self._log.proposed.append(point)
+        return point
+
+    def record(self, point: OperatingPoint, measurement: Measurement) -> None:
+        self._log.records.append((point, measurement))
+        self._inner.record(point, measurement)
+
+    def reject(self, point: OperatingPoint, power_w: float) -> None:
+        self._inner.reject(point, power_w)
+
+    def guarded(self, point: OperatingPoint) -> bool:
+        return self._inner.guarded(point)
+
+    def finish(self) -> bool:
+        return self._inner.finish()
+
+    def model(self) -> PhaseModel | None:
+        return self._inner.model()
+
+    def measured(self) -> list[tuple[OperatingPoint, Measurement]]:
+        return self._inner.measured()
+
+    @property
+    def center(self) -> OperatingPoint:
+        return self._inner.center
+
+    @property
+    def measurement_limit(self) -> int:
+        return self._inner.measurement_limit
+
+    @property
+    def cut_short(self) -> bool:
+        return self._inner.cut_short
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return self._inner.domains
+
+    @property
+    def done(self) -> bool:
+        return self._inner.done
+
+    def statistics(self) -> TunerStatistics:
+        return self._inner.statistics()
+
+
+class TunerLog:
+    """A :class:`~hetsched.lowlevel.TunerFactory` making the axis tuner behind a
+    :class:`RecordingTuner`: every proposal and every measurement handed to any of them, in order."""
+
+    def __init__(self) -> None:
+        self.proposed: list[OperatingPoint | None] = []
+        self.records: list[tuple[OperatingPoint, Measurement]] = []
+
+    def __call__(self, domains: Mapping[str, DomainSpec], tune: Sequence[str], settings: TunerSettings) -> Tuner:
+        return RecordingTuner(axis_tuner(domains, tune, settings), self)
+
+
+def make_tuner(
+    specs: Mapping[str, DomainSpec],
+    tune: Sequence[str],
+    *,
+    slowdown: float,
+    power_cap_w: float | None = None,
+    measured_cap_w: float | None = None,
+    levels: int = 6,
+    passes: int = 2,
+    repeats: int = 2,
+    guarded: bool = False,
+    max_measurements: int | None = None,
+) -> Tuner:
+    """The shipped tuner, seen only through the :class:`~hetsched.lowlevel.Tuner` protocol
+    (the defaults are :class:`~hetsched.GovernorConfig`'s, guarded probes off)."""
+    return axis_tuner(specs, tune, TunerSettings(
+        slowdown=slowdown, power_cap_w=power_cap_w, measured_cap_w=measured_cap_w, levels=levels, passes=passes,
+        repeats=repeats, guarded=guarded, max_measurements=max_measurements,
+    ))

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import pytest
 
 from hetsched import Governor, GovernorConfig, Phase, PhaseWork, SimBoard
-from hetsched._governor import AxisTuner, OperatingPoint
+from hetsched._governor import OperatingPoint, PhaseModel, Tuner, TunerConfig
 from hetsched._governor._meter import PhaseLedger
 from hetsched._governor._model import Measurement
-from hetsched._governor._tuning import OCCURRENCES_PER_MEASUREMENT, PhaseTuning
+from hetsched._governor._tuning import PhaseTuning
 
-from _governor_fakes import additive_table, domains
+from _governor_fakes import additive_table, domains, make_tuner
 
 M, G = 1e6, 1e9
 TICK_S = 0.05
@@ -111,7 +111,7 @@ WATTS = {"cluster0": 1.0, "gpu": 6.0, "memory": 1.2}
 def test_a_tuner_at_its_measurement_limit_ends_on_the_best_point_measured() -> None:
     table = additive_table(CYCLES, WATTS, static_w=2.0, fixed_s=0.002)
     specs = domains()
-    tuner = AxisTuner(specs, ["gpu", "memory"], slowdown=0.05, max_measurements=9)
+    tuner = make_tuner(specs, ["gpu", "memory"], slowdown=0.05, max_measurements=9)
     assert tuner.measurement_limit == 9
     measured: dict[OperatingPoint, Measurement] = {}
     while (pt := tuner.propose()) is not None:
@@ -135,7 +135,7 @@ def test_a_tuner_at_its_measurement_limit_ends_on_the_best_point_measured() -> N
 def test_a_tuner_left_alone_takes_its_natural_limit_and_stops_short_of_it() -> None:
     table = additive_table(CYCLES, WATTS, static_w=2.0, fixed_s=0.002)
     specs = domains()
-    tuner = AxisTuner(specs, ["gpu", "memory", "cluster0"], slowdown=0.05)
+    tuner = make_tuner(specs, ["gpu", "memory", "cluster0"], slowdown=0.05)
     n = 0
     while (pt := tuner.propose()) is not None:
         f = {d: s.max_hz for d, s in specs.items()}
@@ -148,24 +148,25 @@ def test_a_tuner_left_alone_takes_its_natural_limit_and_stops_short_of_it() -> N
 
 
 def test_finish_without_a_measured_centre_leaves_the_tuner_running() -> None:
-    tuner = AxisTuner(domains(), ["gpu"], slowdown=0.05)
+    tuner = make_tuner(domains(), ["gpu"], slowdown=0.05)
     assert tuner.finish() is False
     assert not tuner.done and tuner.propose() is not None
 
 
-def _tuning_started() -> tuple[PhaseTuning, AxisTuner]:
+def _tuning_started() -> tuple[PhaseTuning, Tuner, dict[Phase, PhaseModel]]:
     book = PhaseLedger()
     for _ in range(3):
         book.record(Phase.BACKWARD, 0.5, 5.0)
-    tuning = PhaseTuning({}, book)
+    models: dict[Phase, PhaseModel] = {}
+    tuning = PhaseTuning(models, book)
     tuning.start(Phase.BACKWARD, domains=domains(), locked=(), config=GovernorConfig(), dwell_s=None)
     tuner = tuning.tuners[Phase.BACKWARD]
-    return tuning, tuner
+    return tuning, tuner, models
 
 
 def test_occurrences_that_never_measure_end_in_untunable_within_the_bound() -> None:
-    tuning, tuner = _tuning_started()
-    bound = OCCURRENCES_PER_MEASUREMENT * tuner.measurement_limit
+    tuning, tuner, models = _tuning_started()
+    bound = TunerConfig().occurrences_per_measurement * tuner.measurement_limit
     for _ in range(bound):
         assert tuning.propose(Phase.BACKWARD, hold=True) is None
         assert Phase.BACKWARD in tuning.tuners
@@ -178,8 +179,8 @@ def test_occurrences_that_never_measure_end_in_untunable_within_the_bound() -> N
 def test_occurrences_past_the_bound_end_on_what_was_measured() -> None:
     table = additive_table(CYCLES, WATTS, static_w=2.0, fixed_s=0.002)
     specs = domains()
-    tuning, tuner = _tuning_started()
-    bound = OCCURRENCES_PER_MEASUREMENT * tuner.measurement_limit
+    tuning, tuner, models = _tuning_started()
+    bound = TunerConfig().occurrences_per_measurement * tuner.measurement_limit
     first = tuning.propose(Phase.BACKWARD)
     assert first is not None
     f = {d: s.max_hz for d, s in specs.items()}
@@ -190,5 +191,5 @@ def test_occurrences_past_the_bound_end_on_what_was_measured() -> None:
     assert Phase.BACKWARD in tuning.tuners
     assert tuning.propose(Phase.BACKWARD) is None
     assert Phase.BACKWARD in tuning.cut_short and Phase.BACKWARD not in tuning.untunable
-    model = tuning._models[Phase.BACKWARD]
+    model = models[Phase.BACKWARD]
     assert model.best == first and tuner.statistics().cut_short

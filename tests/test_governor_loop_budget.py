@@ -143,8 +143,8 @@ def _tune_train(guarded: bool, budget: float) -> tuple[dict[Phase, set[int]], fl
             for phase, work in ORIN_TRAIN:
                 gov.on_phase(phase)
                 board.execute(work, tick_s=0.05, on_tick=tick)
-            for ph, tuner in gov.engine._tuning.tuners.items():
-                emc.setdefault(ph, set()).update(p["memory"] for p in tuner._samples)
+            for ph, tuner in gov.engine.tuners().items():
+                emc.setdefault(ph, set()).update(p["memory"] for p, _ in tuner.measured())
             if gov.engine.tuning_done:
                 break
         assert gov.engine.tuning_done

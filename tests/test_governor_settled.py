@@ -20,10 +20,10 @@ from hetsched import GovernorConfig, GovernorError
 from hetsched._governor import DomainSpec, Governor, GovernorEngine, OperatingPoint, Phase
 from hetsched._governor._decide import DecisionInput, decide
 from hetsched._governor._model import Measurement, PhaseModel
-from hetsched._governor._tuner_bounds import lead_in_floor, settled
+from hetsched._governor._tuner_budget import lead_in_floor, settled
 from hetsched._twin.sim import SimBoard
 
-from _governor_fakes import TableBoard
+from _governor_fakes import TableBoard, TunerLog
 
 MHZ = 1_000_000
 
@@ -85,19 +85,23 @@ def _table(phase: Phase, f: Mapping[str, int]) -> tuple[float, float]:
 def test_the_tuner_records_a_late_raised_units_settled_power_not_its_mean() -> None:
     board = TableBoard(_table, specs=dict(SPECS), lag_s={"memory": 8e-3})
     cfg = GovernorConfig(power_budget_w=BUDGET, tune_repeats=1, guarded_probes=True)
-    engine = GovernorEngine(board, config=cfg)
+    log = TunerLog()
+    engine = GovernorEngine(board, config=cfg, tuner_factory=log)
     engine.start()
     recorded: list[tuple[OperatingPoint, Measurement, float]] = []
+    # A step's unit is proposed as it begins and recorded as the next DATA begins.
+    raised: tuple[OperatingPoint, float] | None = None
     for _ in range(300):
         for phase in (Phase.DATA, Phase.OPTIMIZER_STEP):
             before = board.effective["memory"]
+            proposed, records = len(log.proposed), len(log.records)
             secs, joules = board.run(engine, phase, tick_s=0.002)
-            tuner = engine._tuning.tuners.get(Phase.OPTIMIZER_STEP)
-            if phase is Phase.OPTIMIZER_STEP and tuner is not None and engine._phase_tuning:
-                point = engine._phase_tuning_point
-                assert point is not None
-                if (point.get("memory") or 0) > before and point in tuner._samples:
-                    recorded.append((point, tuner._samples[point][-1], joules / secs))
+            if phase is Phase.DATA and raised is not None:
+                recorded += [(p, m, raised[1]) for p, m in log.records[records:] if p == raised[0]]
+                raised = None
+            points = [p for p in log.proposed[proposed:] if p is not None]
+            if phase is Phase.OPTIMIZER_STEP and points and (points[-1].get("memory") or 0) > before:
+                raised = (points[-1], joules / secs)
         if engine.tuning_done:
             break
     assert engine.tuning_done

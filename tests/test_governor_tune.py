@@ -19,11 +19,11 @@ from hetsched._governor import (
     Tuner,
     TunerSettings,
     TunerStatistics,
+    axis_tuner,
 )
 from hetsched._governor._model import Measurement
-from hetsched._governor._tuner import axis_tuner
 
-from _governor_fakes import TableBoard, additive_table, domains
+from _governor_fakes import TableBoard, additive_table, domains, make_tuner
 
 MHZ = 1_000_000
 
@@ -62,7 +62,7 @@ def brute_force(phase: Phase, tune: list[str], slowdown: float, cap: float | Non
     return best[1]
 
 
-def drive(tuner: AxisTuner, phase: Phase, others: Mapping[str, int]) -> int:
+def drive(tuner: Tuner, phase: Phase, others: Mapping[str, int]) -> int:
     t = table()
     n = 0
     while (pt := tuner.propose()) is not None:
@@ -82,7 +82,7 @@ def test_auto_tune_finds_the_planted_optimum(phase: Phase) -> None:
     planted = brute_force(phase, tune, 0.10)
     assert planted not in (OperatingPoint.of({d: specs[d].max_hz for d in tune}),
                            OperatingPoint.of({d: specs[d].min_hz for d in tune}))
-    tuner = AxisTuner(specs, tune, slowdown=0.10, repeats=1)
+    tuner = make_tuner(specs, tune, slowdown=0.10, repeats=1)
     n = drive(tuner, phase, {})
     model = tuner.model()
     assert model is not None and model.best == planted
@@ -99,7 +99,7 @@ def test_auto_tune_removes_the_drift_of_a_warming_board(phase: Phase) -> None:
     tune = ["cluster0", "gpu", "memory"]
     planted = brute_force(phase, tune, 0.10)
     t = table()
-    tuner = AxisTuner(specs, tune, slowdown=0.10, repeats=1)
+    tuner = make_tuner(specs, tune, slowdown=0.10, repeats=1)
     n = 0
     while (pt := tuner.propose()) is not None:
         secs, watts = t(phase, pt.as_dict())
@@ -116,7 +116,7 @@ def test_auto_tune_under_a_power_cap_never_measures_over_it() -> None:
     cap = 6.0
     seen: list[float] = []
     t = table()
-    tuner = AxisTuner(specs, tune, slowdown=0.05, power_cap_w=cap, repeats=1)
+    tuner = make_tuner(specs, tune, slowdown=0.05, power_cap_w=cap, repeats=1)
     while (pt := tuner.propose()) is not None:
         secs, watts = t(Phase.FORWARD, pt.as_dict())
         seen.append(watts)

@@ -11,9 +11,11 @@ import itertools
 
 import pytest
 
-from hetsched._governor import AxisTuner, DomainSpec, OperatingPoint
+from hetsched._governor import DomainSpec, OperatingPoint
 from hetsched._governor._model import Measurement
 from hetsched.testing import TableBoard, coupled_phase, loop_measure, tune_on
+
+from _governor_fakes import make_tuner
 
 M = 1_000_000
 SPECS = {
@@ -46,7 +48,7 @@ def board() -> TableBoard:
 
 
 def tuned(b: TableBoard, phase: str, slowdown: float, cap: float | None = None) -> OperatingPoint:
-    tuner = AxisTuner(SPECS, list(SPECS), slowdown=slowdown, power_cap_w=cap, repeats=1)
+    tuner = make_tuner(SPECS, list(SPECS), slowdown=slowdown, power_cap_w=cap, repeats=1)
     runs = tune_on(b, phase, tuner)
     assert runs < 60  # coordinate descent, not the 8*7*6 = 336 combinations
     model = tuner.model()
@@ -100,7 +102,7 @@ def test_per_phase_schedule_is_never_worse_than_the_best_static_point(slowdown: 
 @pytest.mark.parametrize("phase", sorted(PHASES))
 def test_under_a_power_cap_tuning_never_measures_over_it(phase: str, cap: float) -> None:
     b = board()
-    tuner = AxisTuner(SPECS, list(SPECS), slowdown=0.05, power_cap_w=cap, repeats=1)
+    tuner = make_tuner(SPECS, list(SPECS), slowdown=0.05, power_cap_w=cap, repeats=1)
     seen: list[float] = []
     while (pt := tuner.propose()) is not None:
         m = b.measure(phase, pt)
@@ -138,7 +140,7 @@ def test_loop_allocation_spends_the_loop_bound_where_it_saves_most(slowdown: flo
     phases = [Phase.DATA, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER_STEP, Phase.PREPROCESS]
     models = {}
     for ph, name in zip(phases, names, strict=True):
-        tuner = AxisTuner(SPECS, list(SPECS), slowdown=slowdown, repeats=1)
+        tuner = make_tuner(SPECS, list(SPECS), slowdown=slowdown, repeats=1)
         tune_on(b, name, tuner)
         models[ph] = tuner.model()
     per_phase = loop_measure(b, {n: models[p].best for p, n in zip(phases, names, strict=True)}, names)  # type: ignore[misc]
@@ -153,8 +155,8 @@ def test_loop_allocation_spends_the_loop_bound_where_it_saves_most(slowdown: flo
 def _tune_capped(b: TableBoard, phase: str, cap: float, guarded: bool) -> tuple[float, list[tuple[bool, float]]]:
     """Tune under ``cap`` as the governor does (predictions under 96 %, measurements under
     99.5 % of it); the tuned point's seconds, and (guarded?, watts) of every run over 99.5 %."""
-    tuner = AxisTuner(SPECS, list(SPECS), slowdown=0.05, power_cap_w=cap * 0.96, measured_cap_w=cap * 0.995,
-                      repeats=1, guarded=guarded)
+    tuner = make_tuner(SPECS, list(SPECS), slowdown=0.05, power_cap_w=cap * 0.96, measured_cap_w=cap * 0.995,
+                       repeats=1, guarded=guarded)
     over = []
     while (pt := tuner.propose()) is not None:
         m = b.measure(phase, pt)

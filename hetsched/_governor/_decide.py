@@ -12,6 +12,7 @@ from .._errors import GovernorError
 from ._model import Measurement, Objective, PhaseModel, choose
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
+from ._tuner_config import TunerConfig
 
 __all__ = ["Decision", "DecisionInput", "GovernorConfig", "Reason", "decide", "switchable"]
 
@@ -41,8 +42,8 @@ class GovernorConfig:
     sensor's noise): a point auto-tune ran, its power bounded after its clocks switched, may
     use the budget up to this. The board's drift since (it warms, leakage rises) is what the
     measured bias adds at every decision, so a warmer board drops the point rather than this
-    margin hiding it (Orin NX's backward pass at EMC 2133 MHz settles within 1 % of a 10 W
-    budget once the board is hot)."""
+    margin hiding it. Larger: points that settle near the budget are dropped (throughput
+    left unused); smaller: sensor noise may carry a point over the budget."""
     thermal_margin_c: float = 2.0
     """Keep every zone this far below its (lowest) passive trip."""
     critical_margin_c: float = 15.0
@@ -61,22 +62,27 @@ class GovernorConfig:
     cap_hysteresis: float = 0.05
     """A thermal cap that loosens must rise by this fraction before clocks go back up."""
     tune_levels: int = 6
-    """Frequencies per domain in the first (coarse) auto-tune pass."""
+    """Frequencies per domain in the first (coarse) auto-tune pass. More: a finer first sweep,
+    more measurements."""
     tune_passes: int = 2
+    """Auto-tune passes (each re-centred on the last one's choice, on a finer grid); under a
+    budget at least :attr:`TunerConfig.budget_passes`."""
     tune_repeats: int = 2
-    """Runs of each candidate point averaged during auto-tune."""
+    """Runs of each candidate point averaged during auto-tune. More: less noise, slower tuning."""
     guarded_probes: bool = True
-    """Under a power budget, let auto-tune try a step up that the tuner's bounds refuse (they
-    extrapolate the axis's slope, doubled) but whose *physical* bound (the phase's dynamic
-    power drawn as much faster as the clock ratio allows) fits the budget less
-    ``measured_margin``: Orin NX's EMC 665 -> 2133 MHz in a backward pass at 10 W, worth
-    three quarters more training throughput. The probe is watched: dropped, and the clocks
-    put back, at the first telemetry reading over the budget, and not run again if its run
-    measured over it. The physical bound leaves out the stepped domain's own voltage rise,
-    so a probe can still cross the budget by a few percent, for one unit of work (about
-    once per tune on RK3588 inference at 5 W, a frame of 22 ms). False: only points whose
-    slope bound is inside the margin run; the budget is then never crossed while tuning,
-    and tuning may leave a third of it unused."""
+    """Under a power budget, auto-tune fills the budget with the strategy of
+    :mod:`hetsched._governor._tuner_budget`: it tries a step up that the tuner's bounds refuse
+    (they extrapolate the axis's slope) but whose *physical* bound (the phase's dynamic power
+    drawn as much faster as the clock ratio allows) fits the budget less ``measured_margin``,
+    which on a sparse clock table can be a large step in throughput. The probe is watched:
+    dropped, and the clocks put back, at the first telemetry reading over the budget, and not
+    run again if its run measured over it. The physical bound leaves out the stepped domain's
+    own voltage rise, so a probe can still cross the budget by a few percent, for one unit of
+    work (``benchmarks/governor.py`` counts these as ``tuning_cap_violations``). False: only
+    points whose slope bound is inside the margin run; the budget is then never crossed while
+    tuning, and tuning may leave part of it unused."""
+    tuner: TunerConfig = field(default_factory=TunerConfig)
+    """The auto-tune's own constants (ties, passes, bounds, verification, effort)."""
     lock_grace_s: float = 0.5
     """How long a written clock may take to show before it counts as not followed (also at
     least 20x the domain's transition latency). A driver, or a live twin in another process,

@@ -55,7 +55,8 @@ from ._profile import BoardId, GovernorProfile
 from ._published import Publisher
 from ._statistics import GovernorStatistics, PhaseStatistics
 from ._thermal import ThermalGuard
-from ._tuner_seam import TunerFactory
+from ._tuner import axis_tuner
+from ._tuner_seam import Tuner, TunerFactory
 from ._tuning import LoopUnit, PhaseTuning
 
 __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
@@ -108,8 +109,8 @@ class GovernorEngine:
             self._models.update(profile.phases)
         self._successor: dict[Phase, Phase] = {}
         self._book = PhaseLedger()
-        self._tuning = (PhaseTuning(self._models, self._book) if tuner_factory is None
-                        else PhaseTuning(self._models, self._book, tuner_factory=tuner_factory))
+        self._tuning = PhaseTuning(self._models, self._book, tuner_factory=tuner_factory or axis_tuner,
+                                   config=self.config.tuner)
         # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
         # at phase boundaries; a simulation's (or another port's) counter is its own.
         self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))
@@ -451,6 +452,10 @@ class GovernorEngine:
 
     def models(self) -> Mapping[Phase, PhaseModel]:
         return MappingProxyType(dict(self._models))
+
+    def tuners(self) -> Mapping[Phase, Tuner]:
+        """The tunes in progress, by phase (read-only; each seen through the :class:`Tuner` protocol)."""
+        return MappingProxyType(dict(self._tuning.tuners))
 
     def profile(self) -> GovernorProfile:
         """What has been learned so far, for :meth:`GovernorProfile.save`."""

@@ -26,12 +26,14 @@ drift it shows is removed from every measurement before points are compared (the
 samples and that correction: :mod:`._tuner_book`).
 
 Under a power cap the first centre is the lowest point and axes are swept upwards; a point
-not measured yet runs only if its power *bound* is ``_EXPLORE_MARGIN`` under the cap
-(:mod:`._tuner_bounds`), or, with ``guarded``, if its physical bound fits the measured cap:
-then as a *guarded probe* its driver watches (:meth:`AxisTuner.guarded`, :meth:`AxisTuner.reject`;
-Orin's EMC 665 -> 2133 MHz at 10 W, which no slope bound admits; :mod:`._tuner_probes`). The
-power a driver hands over is a bound on what the unit settled at once its raised clocks
-landed, not its mean (:func:`~hetsched._governor._tuner_bounds.settled`).
+not measured yet runs only if its power *bound* is :attr:`TunerConfig.explore_margin
+<._tuner_config.TunerConfig.explore_margin>` under the cap (:mod:`._tuner_bounds`). With
+``guarded``, the budget-filling strategy (:class:`~._tuner_budget.BudgetFilling`) runs on top:
+guarded probes its driver watches (:meth:`AxisTuner.guarded`, :meth:`AxisTuner.reject`) and a
+watched faster trade at the end. The power a driver hands over is a bound on what the unit
+settled at once its raised clocks landed, not its mean (:func:`~._tuner_budget.settled`).
+
+Every constant is a field of :class:`~._tuner_config.TunerConfig`.
 
 Effort is bounded: the measurement that reaches :attr:`AxisTuner.measurement_limit` ends the
 tuning on the best point measured (:meth:`AxisTuner.finish`, also what a driver calls when
@@ -41,31 +43,22 @@ the tuning has taken too many occurrences, :meth:`PhaseTuning.propose
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from .._errors import GovernorError
-from ._model import TIME_TIE, Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
+from ._model import Choice, Measurement, Objective, PhaseModel, _interp, choose, fit_coupling
 from ._points import DomainSpec, OperatingPoint
 from ._tuner_book import SampleBook, best_measured
-from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound, scaled
-from ._tuner_probes import faster_trade, joint_probe, physically_fits
+from ._tuner_bounds import axis_power_bound, measurement_limit, off_axis_bound
+from ._tuner_budget import BudgetFilling
+from ._tuner_config import TunerConfig
+from ._tuner_probes import joint_probe
 from ._tuner_seam import TunerSettings, TunerStatistics
 
-__all__ = ["AxisTuner", "TunerStatistics", "axis_tuner"]
-
-
-_BUDGET_PASSES = 3
-"""At least this many passes under a power budget (they stop early once the centre stays)."""
-_EXPLORE_MARGIN = 0.05
-"""Under a cap, a point not measured yet is tried only if its power bound is this far under it
-(bounds from neighbours off the axes are not tight; a phase's mean hides its peaks)."""
-_CENTRE_TIE = 0.03
-"""Filling a budget, measured points within this of the fastest count as equally fast when the
-next centre falls back to one (the least energy among them); the final choice uses ``TIME_TIE``."""
-_EXTRA_PASSES = 4
-"""Passes a joint probe that paid may add (each re-centres on it and sweeps again)."""
+__all__ = ["AxisTuner", "Stage", "TunerStatistics", "axis_tuner"]
 
 
 def _grid(n: int, levels: int) -> list[int]:
@@ -74,8 +67,84 @@ def _grid(n: int, levels: int) -> list[int]:
     return sorted({round(i * (n - 1) / (levels - 1)) for i in range(levels)})
 
 
+class Stage(enum.Enum):
+    """Where a pass of :class:`AxisTuner` is."""
+
+    CENTRE = "centre"
+    """The pass's centre has not been measured yet."""
+    AXES = "axes"
+    """Sweeping the axes (and the joint probe) around the measured centre."""
+    VERIFY = "verify"
+    """The passes are over: the chosen point is being verified."""
+
+
+@dataclass
+class _AxisSweep:
+    """What is left of one domain's sweep in a pass."""
+
+    domain: str
+    up: list[int]
+    """Clocks above the centre still to measure, in order."""
+    down: list[int]
+    """Clocks below the centre still to measure, in order."""
+    rechecked: bool = False
+    """The centre has been measured again after this axis (the drift meanwhile)."""
+
+
+@dataclass
+class _Pass:
+    """One pass: its centre, what it measured along each axis, and what is left to sweep."""
+
+    center: OperatingPoint
+    axes: dict[str, dict[int, Measurement]]
+    sweeps: list[_AxisSweep]
+    stage: Stage = Stage.CENTRE
+    probe: OperatingPoint | None = None
+    """The pass's joint probe, once proposed."""
+    probed: bool = False
+    """The joint probe was considered (proposed, or there was none)."""
+
+
+@dataclass
+class _Bounds:
+    """What the tuner keeps to: the slowdown bound and, under a budget, the two caps."""
+
+    slowdown: float
+    effective_slowdown: float
+    """The slowdown bound tightened by each verification that missed it."""
+    cap_w: float | None
+    """The cap on bounds and predictions of points not measured yet (None: no budget)."""
+    measured_cap_w: float | None
+    """What a point's *measured* power may reach (the budget less its measured margin)."""
+    objective: Objective
+
+
+@dataclass
+class _Progress:
+    """How far the tuning has got, across passes."""
+
+    passes: int
+    """Passes to run (a joint probe that paid adds one)."""
+    done_passes: int = 0
+    extra_passes: int = 0
+    reference_s: float | None = None
+    """The fastest run at the top clocks (the slowdown bound's reference; None under a budget)."""
+    prev_axes: dict[str, dict[int, Measurement]] = field(default_factory=dict)
+    prev_center: OperatingPoint | None = None
+    grids: dict[str, list[int]] = field(default_factory=dict)
+    last_model: PhaseModel | None = None
+    verify_tries: int = 0
+    chosen: OperatingPoint | None = None
+    model: PhaseModel | None = None
+    done: bool = False
+    cut_short: bool = False
+
+
 class AxisTuner:
     """Coordinate-descent auto-tune of one phase over the domains in ``tune``.
+
+    ``guarded`` (under a ``power_cap_w`` only) adds the budget-filling strategy
+    (:class:`~._tuner_budget.BudgetFilling`); ``config`` holds every constant.
 
     :raises GovernorError: ``tune`` is empty or names an unknown domain.
     """
@@ -94,84 +163,70 @@ class AxisTuner:
         guarded: bool = False,
         max_measurements: int | None = None,
         measured_cap_w: float | None = None,
+        config: TunerConfig | None = None,
     ) -> None:
         if not tune:
             raise GovernorError("auto-tune needs at least one domain to sweep")
         unknown = [d for d in tune if d not in domains]
         if unknown:
             raise GovernorError(f"auto-tune: unknown domains {unknown}; known: {sorted(domains)}")
+        cfg = config or TunerConfig()
+        self._cfg = cfg
         self._specs = {d: domains[d] for d in tune}
         self._order = list(tune)
-        self._slowdown = slowdown
-        self._effective_slowdown = slowdown
-        self._cap = power_cap_w
-        # What a point's *measured* power may reach (the budget less its measured margin):
-        # the cap above is for bounds and predictions of points not measured yet.
-        self._measured_cap = power_cap_w if power_cap_w is None or measured_cap_w is None else max(
-            power_cap_w, measured_cap_w)
         # A power budget is a constraint to fill: under one, the fastest point that fits.
-        self._objective: Objective = objective or ("energy" if power_cap_w is None else "time")
+        obj: Objective = objective or ("energy" if power_cap_w is None else "time")
+        self._bounds = _Bounds(
+            slowdown, slowdown, power_cap_w,
+            power_cap_w if power_cap_w is None or measured_cap_w is None else max(power_cap_w, measured_cap_w),
+            obj,
+        )
         self._levels = levels
-        # Filling a budget moves the bottleneck from domain to domain as clocks rise (the GPU
-        # first, then the CPUs it waited on): a pass per move, while the centre still moves.
-        self._passes = passes if self._objective == "energy" else max(passes, _BUDGET_PASSES)
         self._repeats = repeats
-        self._pass = 0
+        # Filling a budget moves the bottleneck from domain to domain as clocks rise: a pass
+        # per move, while the centre still moves.
+        passes = passes if obj == "energy" else max(passes, cfg.budget_passes)
+        self._progress = _Progress(passes)
         self._book = SampleBook()
         self._samples = self._book.samples
-        self._reference: float | None = None
-        self._prev_axes: dict[str, dict[int, Measurement]] = {}
-        self._prev_center: OperatingPoint | None = None
-        self._grids: dict[str, list[int]] = {}
-        self._verify_tries = 0
-        self._fallback: OperatingPoint | None = None
-        """The pass's own choice while a watched one (:meth:`_watched_choice`) is verified."""
-        self._extra_passes = 0
-        self._done = False
-        self._chosen: OperatingPoint | None = None
-        self._model: PhaseModel | None = None
-        self._last_model: PhaseModel | None = None
-        self._cut_short = False
-        self._limit = max_measurements or measurement_limit(self._specs.values(), levels, self._passes, repeats)
-        self._guarded_ok = guarded and power_cap_w is not None
-        self._guarded: set[OperatingPoint] = set()
         self._rejected: dict[OperatingPoint, float] = {}
+        self._budget = (BudgetFilling(self._bounds.measured_cap_w, obj, time_tie=cfg.time_tie)
+                        if guarded and self._bounds.measured_cap_w is not None else None)
+        self._limit = max_measurements or measurement_limit(
+            self._specs.values(), levels, passes, repeats, spare_passes=cfg.spare_passes, spare_runs=cfg.spare_runs)
         if power_cap_w is None:
             start = OperatingPoint.of({d: s.max_hz for d, s in self._specs.items()})
         else:
             start = OperatingPoint.of({d: s.min_hz for d, s in self._specs.items()})
-        self._begin_pass(start, {d: list(range(len(s.available_hz))) for d, s in self._specs.items()})
+        self._current: OperatingPoint | None = None
+        self._pass = self._begin_pass(start, {d: list(range(len(s.available_hz))) for d, s in self._specs.items()})
 
     # -- plan -----------------------------------------------------------------
 
-    def _begin_pass(self, center: OperatingPoint, span: Mapping[str, list[int]]) -> None:
-        self._center = center
-        self._pass_start = self._book.count
+    def _begin_pass(self, center: OperatingPoint, span: Mapping[str, list[int]]) -> _Pass:
         self._book.begin_pass(center)
-        self._axes: dict[str, dict[int, Measurement]] = {d: {} for d in self._order}
-        self._stage = "center"
-        self._probe: OperatingPoint | None = None
-        self._probed = False
-        self._pending: list[tuple[str, list[int], list[int], list[bool]]] = []
+        sweeps = []
         for d in self._order:
             spec = self._specs[d]
             c_idx = spec.index(center[d])
             idxs = span[d]
             grid = [idxs[i] for i in _grid(len(idxs), self._levels)]
-            self._grids[d] = grid
+            self._progress.grids[d] = grid
             up = [spec.available_hz[i] for i in grid if i > c_idx]
-            if self._cap is not None and c_idx + 1 < len(spec.available_hz) and (c_idx + 1) in idxs:
+            if (self._bounds.cap_w is not None and self._cfg.smallest_step_first
+                    and c_idx + 1 < len(spec.available_hz) and (c_idx + 1) in idxs):
                 # Under a cap the first step up is the smallest the table has, so the
                 # power slope is known (and the overshoot risk tiny) before bigger steps.
                 first = spec.available_hz[c_idx + 1]
                 up = [first] + [hz for hz in up if hz != first]
             down = [spec.available_hz[i] for i in reversed(grid) if i < c_idx]
-            self._pending.append((d, up, down, [False]))
-        self._current: OperatingPoint | None = center
+            sweeps.append(_AxisSweep(d, up, down))
+        self._current = center
+        return _Pass(center, {d: {} for d in self._order}, sweeps)
 
     def propose(self) -> OperatingPoint | None:
         """The next point to run one unit of work at, or None when tuning is done."""
-        if self._done:
+        if self._progress.done:
             return None
         if self._current is not None and len(self._samples.get(self._current, ())) < self._repeats:
             return self._current
@@ -179,225 +234,261 @@ class AxisTuner:
         return self._current
 
     def _next_point(self) -> OperatingPoint | None:
-        if self._stage == "verify":
+        ps = self._pass
+        if ps.stage is Stage.VERIFY:
             return self._after_verify()
-        while self._pending:
-            d, up, down, rechecked = self._pending[0]
-            while up:
-                hz = up[0]
-                point = self._center.with_(d, hz)
-                if point in self._rejected:
-                    up.clear()
-                    break
-                if self._cap is not None and self._extrapolated_power(d, hz) > self._cap * (1 - _EXPLORE_MARGIN):
-                    if not self._guardable(d, hz):
-                        up.clear()
-                        break
-                    self._guarded.add(point)
-                up.pop(0)
+        while ps.sweeps:
+            sweep = ps.sweeps[0]
+            point = self._next_on_axis(sweep)
+            if point is not None:
                 return point
-            if down:
-                return self._center.with_(d, down.pop(0))
-            if not rechecked[0] and self._axes[d]:
-                rechecked[0] = True
-                return self._center  # the centre again: how far the board drifted meanwhile
-            self._pending.pop(0)
-        if not self._probed:
-            self._probed = True
-            self._probe = self._joint_probe()
-            if self._probe is not None:
-                return self._probe
+            if sweep.down:
+                return ps.center.with_(sweep.domain, sweep.down.pop(0))
+            if not sweep.rechecked and ps.axes[sweep.domain]:
+                sweep.rechecked = True
+                return ps.center  # the centre again: how far the board drifted meanwhile
+            ps.sweeps.pop(0)
+        if not ps.probed:
+            ps.probed = True
+            ps.probe = self._joint_probe()
+            if ps.probe is not None:
+                return ps.probe
         return self._end_pass()
 
-    def _guardable(self, d: str, hz: int) -> bool:
-        """Whether ``hz`` on ``d``'s axis may run as a guarded probe (see :meth:`guarded`):
-        :func:`~._tuner_probes.physically_fits` the measured cap."""
-        if not self._guarded_ok or self._cap is None or not self._samples.get(self._center):
-            return False
-        axis = {f: m for f, m in self._axes[d].items() if f < hz}
-        axis[self._center[d]] = Measurement.combine(self._samples[self._center])
-        cap = self._cap if self._measured_cap is None else self._measured_cap
-        return physically_fits(axis, hz, cap, self._samples)
+    def _next_on_axis(self, sweep: _AxisSweep) -> OperatingPoint | None:
+        """The next step up ``sweep``'s axis (None: the climb is over). Under a cap a step whose
+        bound is not :attr:`~TunerConfig.explore_margin` under it ends the climb, unless the
+        budget-filling strategy admits it as a guarded probe."""
+        ps = self._pass
+        cap = self._bounds.cap_w
+        d = sweep.domain
+        while sweep.up:
+            hz = sweep.up[0]
+            point = ps.center.with_(d, hz)
+            if point in self._rejected:
+                sweep.up.clear()
+                return None
+            if cap is not None and self._extrapolated_power(d, hz) > cap * (1 - self._cfg.explore_margin) and (
+                self._budget is None or not self._budget.admit(ps.center, d, hz, ps.axes[d], self._samples)
+            ):
+                sweep.up.clear()
+                return None
+            sweep.up.pop(0)
+            return point
+        return None
 
     def guarded(self, point: OperatingPoint) -> bool:
-        """Whether ``point`` is a *guarded probe*: a step up an axis whose slope bound is over
-        the cap's margin though its physical bound fits (Orin's EMC 665 -> 2133 MHz at 10 W),
-        or the last pass's faster trade. Its driver must watch the power while it runs and
-        call :meth:`reject` as soon as a reading is over the cap. A probe stays guarded for
-        every repeat: one whose run measured over the cap is dropped at once (:meth:`record`),
-        as a phase shorter than a telemetry period hides its peak from the readings."""
-        return point in self._guarded
+        """Whether ``point`` is a *guarded probe* (:mod:`._tuner_budget`): a step up an axis whose
+        slope bound is over the cap's margin though its physical bound fits, or the last pass's
+        faster trade. Its driver must watch the power while it runs and call :meth:`reject` as
+        soon as a reading is over the cap. A probe stays guarded for every repeat: one whose
+        run measured over the cap is dropped at once (:meth:`record`), as a phase shorter than
+        a telemetry period hides its peak from the readings. Never without the strategy."""
+        return self._budget is not None and self._budget.guarded(point)
 
     def reject(self, point: OperatingPoint, power_w: float) -> None:
         """The driver stopped a guarded probe at ``point``: ``power_w`` was read over the cap.
         It is never proposed again, nor anything above it on its axis in this pass."""
         self._rejected[point] = power_w
-        self._guarded.discard(point)
-        for d, up, _down, _rechecked in self._pending:
-            if point == self._center.with_(d, point[d]):
-                up.clear()
+        if self._budget is not None:
+            self._budget.discard(point)
+        ps = self._pass
+        for sweep in ps.sweeps:
+            if point == ps.center.with_(sweep.domain, point[sweep.domain]):
+                sweep.up.clear()
         if self._current == point:
             self._current = None
 
     @property
     def center(self) -> OperatingPoint:
         """The centre of the pass in progress (measured first in every pass)."""
-        return self._center
+        return self._pass.center
+
+    def _at_center(self) -> Measurement:
+        return Measurement.combine(self._samples[self._pass.center])
 
     def _joint_probe(self) -> OperatingPoint | None:
         """The pass's joint probe (:func:`~._tuner_probes.joint_probe`), or None."""
-        limit = None if self._cap is None else self._cap * (1 - _EXPLORE_MARGIN)
-        return joint_probe(self._center, Measurement.combine(self._samples[self._center]), self._axes,
-                           self._order, limit, self._samples)
+        cap = self._bounds.cap_w
+        limit = None if cap is None else cap * (1 - self._cfg.explore_margin)
+        ps = self._pass
+        return joint_probe(ps.center, self._at_center(), ps.axes, self._order, limit, self._samples,
+                           flat=self._cfg.joint_flat)
 
     def _extrapolated_power(self, d: str, hz: int) -> float:
         """A bound on the power at ``hz`` on ``d``'s axis (:func:`axis_power_bound`)."""
-        if not self._samples.get(self._center):
+        ps = self._pass
+        if not self._samples.get(ps.center):
             return 0.0
-        at_center = Measurement.combine(self._samples[self._center])
-        return axis_power_bound(self._axes[d], self._center[d], at_center, self._prev_axes.get(d), hz, self._samples)
+        return axis_power_bound(ps.axes[d], ps.center[d], self._at_center(), self._progress.prev_axes.get(d), hz,
+                                self._samples, slope_factor=self._cfg.slope_factor)
 
-    def _safe(self, ch: Choice, model: PhaseModel, tie: float = TIME_TIE) -> Choice:
+    def _safe(self, ch: Choice, model: PhaseModel, tie: float) -> Choice:
         """``ch``, or under a cap the best point measured so far if ``ch`` is not safe to run
         (its :func:`off_axis_bound` is over the cap)."""
-        if self._cap is None or ch.point in self._samples:
+        cap = self._bounds.cap_w
+        if cap is None or ch.point in self._samples:
             return ch
-        if off_axis_bound(ch.point, self._samples, model) <= self._cap:
+        if off_axis_bound(ch.point, self._samples, model) <= cap:
             return ch
         # The next centre: a point with room under the prediction cap, for its sweeps up.
-        best, best_m = self._best_measured(model.slowdown_reference_s, cap=self._cap, tie=tie)
+        best, best_m = self._best_measured(model.slowdown_reference_s, cap=cap, tie=tie)
         if best is None or best_m is None:
             return ch
         return Choice(best, best_m, True, True)
 
-    def _scaled(self, power_w: float, ratio: float) -> float:
-        return scaled(power_w, ratio, self._samples)
+    def _choose(self, model: PhaseModel, power_bias_w: float = 0.0) -> Choice:
+        b = self._bounds
+        return choose(model, slowdown=b.effective_slowdown, power_cap_w=b.cap_w, power_bias_w=power_bias_w,
+                      objective=b.objective, conservative=b.cap_w is not None)
 
     def _end_pass(self) -> OperatingPoint | None:
         model = self._build_model()
-        self._pass += 1
+        prog = self._progress
+        prog.done_passes += 1
         # The next point runs before it is measured: under a cap, judged by the higher of the
         # two power models until the points off the axes have fitted the cross terms.
         # A centre that falls back to a measured point (the model's choice not safe to run) is
-        # the least energy among those near the fastest (_CENTRE_TIE), not the fastest alone:
-        # a clock that buys 2 % but spends the headroom (a GPU step while the memory clock is
-        # the bottleneck) would leave no room to sweep.
-        last = self._pass >= self._passes
-        ch = choose(model, slowdown=self._effective_slowdown, power_cap_w=self._cap, objective=self._objective,
-                    conservative=self._cap is not None)
-        ch = self._safe(ch, model, TIME_TIE if last else _CENTRE_TIE)
-        self._prev_axes = {d: dict(a) for d, a in model.axes.items()}
-        self._prev_center = model.center
-        self._last_model = model
-        probe = self._probe
-        if probe is not None and self._samples.get(probe) and self._extra_passes < _EXTRA_PASSES:
-            pm = Measurement.combine(self._samples[probe])
-            if pm.seconds < min(ch.predicted.seconds, model.at_center.seconds) * (1 - 0.01) and (
-                self._measured_cap is None or pm.power_w <= self._measured_cap
-            ):
-                # The joint move paid where no single one did: sweep again from there.
-                self._extra_passes += 1
-                self._passes += 1
-                ch = replace(ch, point=probe)
-        if self._pass < self._passes and ch.point != self._center:
-            span: dict[str, list[int]] = {}
-            for d in self._order:
-                spec = self._specs[d]
-                i = spec.index(ch.point[d])
-                grid = self._grids[d]
-                lo = max([g for g in grid if g < i], default=i)
-                hi = min([g for g in grid if g > i], default=i)
-                if self._objective == "time":
-                    # Filling a budget, every step up may pay once the other domains moved
-                    # (a GPU clock is worthless at the lowest memory clock, not at the top):
-                    # sweep all the way up again; the cap guard stops the climb.
-                    hi = len(spec.available_hz) - 1
-                span[d] = list(range(lo, hi + 1))
-            self._begin_pass(ch.point, span)
-            return self._center
-        self._model = model
-        self._chosen = self._watched_choice(model, ch).point
-        self._stage = "verify"
-        return self._chosen
+        # the least energy among those near the fastest (centre_tie), not the fastest alone:
+        # a clock that buys a little time but spends the headroom would leave no room to sweep.
+        last = prog.done_passes >= prog.passes
+        ch = self._safe(self._choose(model), model, self._cfg.time_tie if last else self._cfg.centre_tie)
+        prog.prev_axes = {d: dict(a) for d, a in model.axes.items()}
+        prog.prev_center = model.center
+        prog.last_model = model
+        ch = self._joint_paid(ch, model)
+        if prog.done_passes < prog.passes and ch.point != self._pass.center:
+            self._pass = self._begin_pass(ch.point, self._span(ch.point))
+            return self._pass.center
+        prog.model = model
+        if self._budget is not None:
+            ch = self._budget.watched_choice(model, ch, slowdown=self._bounds.effective_slowdown,
+                                             tried=set(self._samples) | set(self._rejected))
+        prog.chosen = ch.point
+        self._pass.stage = Stage.VERIFY
+        return prog.chosen
 
-    def _watched_choice(self, model: PhaseModel, ch: Choice) -> Choice:
-        """``ch``, or with guarded probes a faster trade verified as a guarded probe
-        (:func:`~._tuner_probes.faster_trade`), ``ch`` kept to verify if it does not fit."""
-        if not self._guarded_ok or self._measured_cap is None or self._objective != "time":
+    def _joint_paid(self, ch: Choice, model: PhaseModel) -> Choice:
+        """``ch``, or the pass's joint probe if it measured faster than both ``ch`` and the centre
+        (by :attr:`~TunerConfig.joint_paid`) within the measured cap: the joint move paid where no
+        single one did, and the next pass sweeps again from there (an extra pass)."""
+        probe = self._pass.probe
+        prog = self._progress
+        if probe is None or not self._samples.get(probe) or prog.extra_passes >= self._cfg.extra_passes:
             return ch
-        wide = faster_trade(model, ch, slowdown=self._effective_slowdown, measured_cap_w=self._measured_cap,
-                            tried=set(self._samples) | set(self._rejected))
-        if wide is None:
-            return ch
-        self._guarded.add(wide.point)
-        self._fallback = ch.point
-        return wide
+        pm = Measurement.combine(self._samples[probe])
+        cap = self._bounds.measured_cap_w
+        if pm.seconds < min(ch.predicted.seconds, model.at_center.seconds) * (1 - self._cfg.joint_paid) and (
+            cap is None or pm.power_w <= cap
+        ):
+            prog.extra_passes += 1
+            prog.passes += 1
+            return replace(ch, point=probe)
+        return ch
+
+    def _span(self, point: OperatingPoint) -> dict[str, list[int]]:
+        """The next pass's sweep of each domain around ``point``: between the grid levels next to
+        it; filling a budget, all the way up (every step up may pay once the other domains
+        moved; the cap guard stops the climb)."""
+        span: dict[str, list[int]] = {}
+        for d in self._order:
+            spec = self._specs[d]
+            i = spec.index(point[d])
+            grid = self._progress.grids[d]
+            lo = max([g for g in grid if g < i], default=i)
+            hi = min([g for g in grid if g > i], default=i)
+            if self._bounds.objective == "time":
+                hi = len(spec.available_hz) - 1
+            span[d] = list(range(lo, hi + 1))
+        return span
 
     def _after_verify(self) -> OperatingPoint | None:
-        assert self._model is not None and self._chosen is not None
-        fallback, self._fallback = self._fallback, None
-        if fallback is not None:
-            ms = self._samples.get(self._chosen)
-            cap = self._measured_cap
-            if not ms or (cap is not None and Measurement.combine(ms).power_w > cap):
+        prog = self._progress
+        assert prog.model is not None and prog.chosen is not None
+        if self._budget is not None:
+            judged = self._budget.after_verify(prog.chosen, self._samples)
+            if judged != prog.chosen:
                 # The watched choice did not fit: verify the pass's own choice as usual.
-                self._chosen = fallback
-                if fallback not in self._samples:
-                    return fallback
-        if not self._samples.get(self._chosen):
+                prog.chosen = judged
+                if judged not in self._samples:
+                    return judged
+        if not self._samples.get(prog.chosen):
             # A watched choice stopped over the budget before it measured anything.
-            best, best_m = self._best_measured(self._model.slowdown_reference_s)
-            if best is None or best_m is None:
-                best, best_m = min(self._book.measured(), key=lambda pm: pm[1].power_w)
-            self._model = replace(fit_coupling(self._model, self._book.measured()), best=best, best_measured=best_m)
-            self._done = True
+            self._finish_on_best(prog.model)
             return None
-        m = self._book.corrected(self._chosen) or Measurement.combine(self._samples[self._chosen])
-        ref = self._model.slowdown_reference_s
-        over = m.seconds / (ref * (1 + self._slowdown)) if self._objective == "energy" else 0.0
-        cap_broken = self._measured_cap is not None and m.power_w > self._measured_cap
-        if (over > 1.0 or cap_broken) and self._verify_tries < 3:
-            self._verify_tries += 1
-            # The miss is evidence off the axes: refit the cross terms on it before choosing again.
-            self._model = fit_coupling(self._model, self._book.measured())
-            if over > 1.0:
-                self._effective_slowdown = max(0.0, self._effective_slowdown - (over - 1.0) * (1 + self._slowdown) - 0.005)
-            bias = max(0.0, m.power_w - self._model.predict(self._chosen).power_w) if cap_broken else 0.0
-            ch = choose(self._model, slowdown=self._effective_slowdown, power_cap_w=self._cap, power_bias_w=bias,
-                        objective=self._objective, conservative=self._cap is not None)
-            ch = self._safe(ch, self._model)
-            if ch.point != self._chosen and ch.point not in self._samples:
-                self._chosen = ch.point
-                return ch.point
+        m = self._book.corrected(prog.chosen) or Measurement.combine(self._samples[prog.chosen])
+        ref = prog.model.slowdown_reference_s
+        retry = self._verify_miss(m)
+        if retry is not None:
+            return retry
         # Whatever the model predicted, keep the best point actually *measured* within the
         # bounds, over every pass (centres, axis points and verified choices all count).
         best, best_m = self._best_measured(ref)
         if best is None:
-            best, best_m = self._chosen, m
-        self._model = replace(fit_coupling(self._model, self._book.measured()), best=best, best_measured=best_m)
-        self._done = True
+            best, best_m = prog.chosen, m
+        prog.model = replace(fit_coupling(prog.model, self._book.measured()), best=best, best_measured=best_m)
+        prog.done = True
         return None
 
+    def _verify_miss(self, m: Measurement) -> OperatingPoint | None:
+        """If the chosen point, measured as ``m``, missed the slowdown bound or the measured cap
+        (at most :attr:`~TunerConfig.verify_tries` times): the point chosen again on the model
+        refitted with the miss, the bound tightened by the overshoot (None: judge ``m``)."""
+        prog = self._progress
+        b = self._bounds
+        assert prog.model is not None and prog.chosen is not None
+        ref = prog.model.slowdown_reference_s
+        over = m.seconds / (ref * (1 + b.slowdown)) if b.objective == "energy" else 0.0
+        cap_broken = b.measured_cap_w is not None and m.power_w > b.measured_cap_w
+        if not (over > 1.0 or cap_broken) or prog.verify_tries >= self._cfg.verify_tries:
+            return None
+        prog.verify_tries += 1
+        # The miss is evidence off the axes: refit the cross terms on it before choosing again.
+        prog.model = fit_coupling(prog.model, self._book.measured())
+        if over > 1.0:
+            b.effective_slowdown = max(
+                0.0, b.effective_slowdown - (over - 1.0) * (1 + b.slowdown) - self._cfg.verify_slack)
+        bias = max(0.0, m.power_w - prog.model.predict(prog.chosen).power_w) if cap_broken else 0.0
+        ch = self._safe(self._choose(prog.model, bias), prog.model, self._cfg.time_tie)
+        if ch.point != prog.chosen and ch.point not in self._samples:
+            prog.chosen = ch.point
+            return ch.point
+        return None
+
+    def _finish_on_best(self, model: PhaseModel) -> None:
+        """Done, on the best point measured within the bounds (the least power measured if none
+        is within the cap), with the model refitted on every measurement."""
+        measured = self._book.measured()
+        best, best_m = self._best_measured(model.slowdown_reference_s)
+        if best is None or best_m is None:
+            best, best_m = min(measured, key=lambda pm: pm[1].power_w)
+        self._progress.model = replace(fit_coupling(model, measured), best=best, best_measured=best_m)
+        self._progress.done = True
+
     def _best_measured(self, ref: float, cap: float | None = None,
-                       tie: float = TIME_TIE) -> tuple[OperatingPoint | None, Measurement | None]:
-        return best_measured(self._book.measured(), ref=ref, slowdown=self._slowdown,
-                             cap=self._measured_cap if cap is None else cap, tie=tie,
-                             objective=self._objective, specs=self._specs)
+                       tie: float | None = None) -> tuple[OperatingPoint | None, Measurement | None]:
+        b = self._bounds
+        return best_measured(self._book.measured(), ref=ref, slowdown=b.slowdown,
+                             cap=b.measured_cap_w if cap is None else cap,
+                             tie=self._cfg.time_tie if tie is None else tie,
+                             objective=b.objective, specs=self._specs, energy_tie=self._cfg.energy_tie)
 
     def _build_model(self) -> PhaseModel:
-        at_center = self._book.corrected(self._center) or Measurement.combine(self._samples[self._center])
-        if self._pass == 0 and self._cap is None:
+        ps = self._pass
+        prog = self._progress
+        at_center = self._book.corrected(ps.center) or self._at_center()
+        if prog.done_passes == 0 and self._bounds.cap_w is None:
             # The fastest run at the top clocks: a run slowed by something else (a clock
             # still settling from the point before) must not loosen the bound.
-            self._reference = min(m.seconds for m in self._samples[self._center])
+            prog.reference_s = min(m.seconds for m in self._samples[ps.center])
         axes: dict[str, Mapping[int, Measurement]] = {}
         for d in self._order:
-            axis = {hz: self._book.corrected(self._center.with_(d, hz)) or m for hz, m in self._axes[d].items()}
-            axis[self._center[d]] = at_center
-            prev = self._prev_axes.get(d)
-            if prev and self._prev_center is not None:
+            axis = {hz: self._book.corrected(ps.center.with_(d, hz)) or m for hz, m in ps.axes[d].items()}
+            axis[ps.center[d]] = at_center
+            prev = prog.prev_axes.get(d)
+            if prev and prog.prev_center is not None:
                 # Carry the wider earlier sweep over, re-based on this centre (a constant drift cancels).
-                c_hz = self._center[d]
+                c_hz = ps.center[d]
                 pt = _interp({f: m.seconds for f, m in prev.items()}, c_hz)
                 pp = _interp({f: m.power_w for f, m in prev.items()}, c_hz)
                 for f, m in prev.items():
@@ -406,7 +497,7 @@ class AxisTuner:
                             max(at_center.seconds + m.seconds - pt, 1e-12), max(at_center.power_w + m.power_w - pp, 0.0)
                         )
             axes[d] = MappingProxyType(axis)
-        model = PhaseModel(self._center, at_center, MappingProxyType(axes), self._reference)
+        model = PhaseModel(ps.center, at_center, MappingProxyType(axes), prog.reference_s)
         return fit_coupling(model, self._book.measured())
 
     # -- measurements -------------------------------------------------------------
@@ -414,23 +505,24 @@ class AxisTuner:
     def record(self, point: OperatingPoint, measurement: Measurement) -> None:
         """One unit of work measured at ``point`` (points not asked for are ignored); the
         :attr:`measurement_limit`-th ends the tuning (:meth:`finish`)."""
-        if self._done:
+        if self._progress.done:
             return
         self._book.add(point, measurement)
         if self._book.count >= self._limit:
             self.finish()
             return
-        if point in self._guarded and self._measured_cap is not None and measurement.power_w > self._measured_cap:
+        if self._budget is not None and self._budget.over_cap(point, measurement):
             # A guarded probe whose run measured over the cap is not run again: the
             # measurement stays (the model learns the step does not fit).
             self.reject(point, measurement.power_w)
-        if self._stage == "center" and point == self._center:
-            self._stage = "axes"
-        elif point != self._center:
+        ps = self._pass
+        if ps.stage is Stage.CENTRE and point == ps.center:
+            ps.stage = Stage.AXES
+        elif point != ps.center:
             for d in self._order:
-                if point == self._center.with_(d, point[d]) and point[d] != self._center[d]:
+                if point == ps.center.with_(d, point[d]) and point[d] != ps.center[d]:
                     if len(self._samples[point]) >= 1:
-                        self._axes[d][point[d]] = Measurement.combine(self._samples[point])
+                        ps.axes[d][point[d]] = Measurement.combine(self._samples[point])
                     break
 
     # -- effort bound ----------------------------------------------------------------
@@ -448,24 +540,20 @@ class AxisTuner:
         or the least power measured if none is within the cap. Returns False, and leaves
         the tuner as it was, when there is nothing to build on (no pass centre measured).
         """
-        if self._done:
+        prog = self._progress
+        if prog.done:
             return True
-        if self._samples.get(self._center):
+        if self._samples.get(self._pass.center):
             model = self._build_model()
-        elif self._model is not None:
-            model = self._model
-        elif self._last_model is not None:
-            model = self._last_model
+        elif prog.model is not None:
+            model = prog.model
+        elif prog.last_model is not None:
+            model = prog.last_model
         else:
             return False
-        measured = self._book.measured()
-        best, best_m = self._best_measured(model.slowdown_reference_s)
-        if best is None or best_m is None:
-            best, best_m = min(measured, key=lambda pm: pm[1].power_w)
-        self._model = replace(fit_coupling(model, measured), best=best, best_measured=best_m)
-        self._chosen = best
-        self._cut_short = True
-        self._done = True
+        self._finish_on_best(model)
+        prog.chosen = prog.model.best if prog.model is not None else None
+        prog.cut_short = True
         return True
 
     def measured(self) -> list[tuple[OperatingPoint, Measurement]]:
@@ -475,7 +563,7 @@ class AxisTuner:
     @property
     def cut_short(self) -> bool:
         """Ended by :meth:`finish` rather than by converging."""
-        return self._cut_short
+        return self._progress.cut_short
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -484,16 +572,17 @@ class AxisTuner:
 
     @property
     def done(self) -> bool:
-        return self._done
+        return self._progress.done
 
     def model(self) -> PhaseModel | None:
         """The tuned model (with ``best`` set) once done, else None."""
-        return self._model if self._done else None
+        return self._progress.model if self._progress.done else None
 
     def statistics(self) -> TunerStatistics:
+        prog = self._progress
         return TunerStatistics(
-            measurements=self._book.count, points=len(self._samples), passes_done=self._pass, done=self._done,
-            measurement_limit=self._limit, cut_short=self._cut_short,
+            measurements=self._book.count, points=len(self._samples), passes_done=prog.done_passes, done=prog.done,
+            measurement_limit=self._limit, cut_short=prog.cut_short,
         )
 
 
@@ -508,5 +597,7 @@ def axis_tuner(domains: Mapping[str, DomainSpec], tune: Sequence[str], settings:
         passes=settings.passes,
         repeats=settings.repeats,
         guarded=settings.guarded,
+        max_measurements=settings.max_measurements,
         measured_cap_w=settings.measured_cap_w,
+        config=settings.config,
     )

@@ -18,10 +18,6 @@ from ._points import DomainSpec, OperatingPoint
 
 __all__ = ["SampleBook", "best_measured", "least_energy"]
 
-_ENERGY_TIE = 0.001
-"""Measured energies this close count as equal (then the lower clocks win)."""
-
-
 class SampleBook:
     """Every sample an :class:`~hetsched._governor._tuner.AxisTuner` recorded, with when it ran."""
 
@@ -125,10 +121,12 @@ def best_measured(
     objective: Objective,
     specs: Mapping[str, DomainSpec],
     tie: float = TIME_TIE,
+    energy_tie: float = 0.001,
 ) -> tuple[OperatingPoint | None, Measurement | None]:
     """The best of ``measured`` under the cap (None, None: none fits it).
 
-    ``"time"``: the fastest, the least energy among those within ``tie`` of it.
+    ``"time"``: the fastest, the least energy among those within ``tie`` of it (energies
+    within ``energy_tie`` go to the lower clocks, :func:`least_energy`).
     ``"energy"``: the least energy within the slowdown bound against ``ref``; if none is
     within it, the fastest.
     """
@@ -139,20 +137,21 @@ def best_measured(
     if objective == "time":
         fastest = min(m.seconds for _, m in in_cap)
         near = [(p, m) for p, m in in_cap if m.seconds <= fastest * (1 + tie)]
-        return least_energy(near, specs)
+        return least_energy(near, specs, energy_tie)
     ok = [(p, m) for p, m in in_cap if m.seconds <= bound]
     if ok:
-        return least_energy(ok, specs)
+        return least_energy(ok, specs, energy_tie)
     return min(in_cap, key=lambda pm: pm[1].seconds)
 
 
 def least_energy(
-    pts: list[tuple[OperatingPoint, Measurement]], specs: Mapping[str, DomainSpec]
+    pts: list[tuple[OperatingPoint, Measurement]], specs: Mapping[str, DomainSpec], energy_tie: float = 0.001
 ) -> tuple[OperatingPoint, Measurement]:
-    """The least energy; energies within run-to-run noise (0.1 %) go to the lower clocks,
-    so a clock that buys nothing (an idle GPU's in a CPU phase) is not left high."""
+    """The least energy; energies within ``energy_tie`` of it (:attr:`TunerConfig.energy_tie
+    <._tuner_config.TunerConfig.energy_tie>`, run-to-run noise) go to the lower clocks, so a
+    clock that buys nothing (an idle GPU's in a CPU phase) is not left high."""
     e_min = min(m.energy_j for _, m in pts)
-    near = [(p, m) for p, m in pts if m.energy_j <= e_min * (1 + _ENERGY_TIE)]
+    near = [(p, m) for p, m in pts if m.energy_j <= e_min * (1 + energy_tie)]
 
     def height(pm: tuple[OperatingPoint, Measurement]) -> float:
         return sum(specs[d].index(hz) / max(len(specs[d].available_hz) - 1, 1)

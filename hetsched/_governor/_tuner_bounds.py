@@ -6,12 +6,9 @@ axis the top two points' slope doubled (:func:`axis_power_bound`), and never les
 phase drawing its dynamic power as much faster as the clock ratio allows (:func:`scaled`);
 off the axes (joint probe, next centre) the same from a measured point below it
 (:func:`off_axis_bound`). So tuning keeps to the budget, at the price of the last few
-percent of it on coarse tables (Orin's EMC steps 665 -> 2133 MHz: no such bound lets that
-step be tried at 10 W; the physical bound, :func:`scaled` alone, admits it as a guarded
-probe: :meth:`AxisTuner.guarded <hetsched._governor._tuner.AxisTuner.guarded>`).
-
-A unit of work whose clocks were raised as it began runs its first moments at the old
-ones: under a budget its mean understates the power it settles at (:func:`settled`).
+percent of it on coarse tables (a step of a sparse table, such as a memory clock that more
+than triples, that no slope bound admits near the cap); the physical bound, :func:`scaled`
+alone, admits such a step as a guarded probe (:mod:`._tuner_budget`).
 
 The bound on effort is here too (:func:`measurement_limit`).
 """
@@ -24,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from ._model import Measurement, PhaseModel, _interp
 from ._points import DomainSpec, OperatingPoint
 
-__all__ = ["axis_power_bound", "lead_in_floor", "measurement_limit", "off_axis_bound", "scaled", "settled"]
+__all__ = ["axis_power_bound", "measurement_limit", "off_axis_bound", "scaled"]
 
 
 def scaled(power_w: float, ratio: float, samples: Mapping[OperatingPoint, Sequence[Measurement]]) -> float:
@@ -35,34 +32,6 @@ def scaled(power_w: float, ratio: float, samples: Mapping[OperatingPoint, Sequen
     return floor + (power_w - floor) * ratio
 
 
-def settled(m: Measurement, lead_s: float, floor_w: float | None) -> Measurement:
-    """``m`` with its power raised to a bound on what it draws once its clocks have switched.
-
-    A unit whose clocks were raised as it began ran its first ``lead_s`` (the slowest raised
-    domain's transition latency) at the old, lower ones: a 34 ms optimizer step that raises
-    the EMC 8 ms late reads a mean a tenth under the power it settles at, and a budget is
-    broken by the settled power, not the mean. The lead-in drew at least ``floor_w``
-    (:func:`lead_in_floor`), so the rest of the unit drew at most
-    ``(E - floor_w * lead_s) / (seconds - lead_s)``. Unchanged without a lead-in, without a
-    floor, or when the switch had not landed by the end of the unit.
-    """
-    if lead_s <= 0 or floor_w is None or m.seconds <= lead_s:
-        return m
-    rest = (m.energy_j - min(floor_w, m.power_w) * lead_s) / (m.seconds - lead_s)
-    return Measurement(m.seconds, max(m.power_w, rest))
-
-
-def lead_in_floor(measured: Iterable[tuple[OperatingPoint, Measurement]], lead_in: OperatingPoint) -> float | None:
-    """A lower bound on the phase's power during a lead-in at ``lead_in`` (every raised domain
-    still at its old clock): the most power measured at a point with no clock above
-    ``lead_in``'s (the same work at lower clocks draws no more), None if none is known."""
-    best: float | None = None
-    for y, m in measured:
-        if all(hz <= (lead_in.get(d) or hz) for d, hz in y.items()):
-            best = m.power_w if best is None else max(best, m.power_w)
-    return best
-
-
 def axis_power_bound(
     axis: Mapping[int, Measurement],
     center_hz: int,
@@ -70,6 +39,7 @@ def axis_power_bound(
     prev: Mapping[int, Measurement] | None,
     hz: int,
     samples: Mapping[OperatingPoint, Sequence[Measurement]],
+    slope_factor: float = 2.0,
 ) -> float:
     """A bound on the power at ``hz`` on one domain's axis.
 
@@ -77,7 +47,8 @@ def axis_power_bound(
     ``at_center``) not included; ``prev`` an earlier pass's sweep of it (or None).
 
     Between points this pass measured: interpolated. Above them: extrapolated from the
-    top two (or scaled from the centre alone), and never below what the earlier pass's
+    top two with their slope times ``slope_factor`` (:attr:`TunerConfig.slope_factor
+    <._tuner_config.TunerConfig.slope_factor>`), or scaled from the centre alone, and never below what the earlier pass's
     sweep, re-based on this centre, shows there (that sweep ran with the other domains
     elsewhere: the shift is separable, the cross terms are not, so it cannot stand alone).
     """
@@ -99,8 +70,8 @@ def axis_power_bound(
         f1 = pts[0]
         slope = max((p2 - axis[f1].power_w) / (f2 - f1), 0.0)
         # Power grows faster than linearly above the voltage knee, and a phase mean
-        # hides its peaks: twice the slope.
-        bound = max(bound, p2 + 2.0 * slope * (hz - f2))
+        # hides its peaks: a steeper slope than the last step's.
+        bound = max(bound, p2 + slope_factor * slope * (hz - f2))
     if rebased and any(f >= hz for f in rebased):
         bound = max(bound, _interp(rebased, hz))
     return bound
@@ -132,9 +103,11 @@ def off_axis_bound(
     return bound
 
 
-def measurement_limit(specs: Iterable[DomainSpec], levels: int, passes: int, repeats: int) -> int:
-    """The most measurements a tune takes: generous room for every pass it may run (centres,
-    axes, re-checks, joint probes, two passes more than asked, the verifications), each point
-    ``repeats`` times. The tuner that reaches it ends on the best point measured."""
+def measurement_limit(specs: Iterable[DomainSpec], levels: int, passes: int, repeats: int, *,
+                      spare_passes: int = 2, spare_runs: int = 4) -> int:
+    """The most measurements a tune takes: room for every pass it may run (centres, axes,
+    re-checks, joint probes, ``spare_passes`` passes more than asked, ``spare_runs`` for the
+    verifications), each point ``repeats`` times. The tuner that reaches it ends on the best
+    point measured."""
     per_pass = sum(min(levels, len(s.available_hz)) + 1 for s in specs) + 2
-    return repeats * ((passes + 2) * per_pass + 4)
+    return repeats * ((passes + spare_passes) * per_pass + spare_runs)

@@ -5,9 +5,9 @@
   does. Coordinate descent cannot see that, so each pass of
   :class:`~hetsched._governor._tuner.AxisTuner` measures one joint point too.
 * :func:`physically_fits`: whether a step its slope bound refuses may still run as a guarded
-  probe under a budget.
+  probe under a budget (used by :mod:`._tuner_budget`).
 * :func:`faster_trade`: under a budget, a faster point the model predicts within the measured
-  cap, for the last pass to verify under watch.
+  cap, for the last pass to verify under watch (used by :mod:`._tuner_budget`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def joint_probe(
     order: Sequence[str],
     limit_w: float | None,
     samples: Mapping[OperatingPoint, Sequence[Measurement]],
+    flat: float = 0.01,
 ) -> OperatingPoint | None:
-    """The centre with every domain whose own axis bought no time raised together (or None:
+    """The centre with every domain whose own axis bought no time (less than ``flat`` of the
+    centre's, :attr:`TunerConfig.joint_flat <._tuner_config.TunerConfig.joint_flat>`) raised together (or None:
     fewer than two such domains, or no joint step whose bound fits ``limit_w``).
 
     ``axes`` is what the pass measured along each domain (centre not included); ``samples``
@@ -37,19 +39,19 @@ def joint_probe(
     :func:`~._tuner_bounds.scaled`).
     """
     t0 = at_center.seconds
-    flat: dict[str, int] = {}
+    flat_top: dict[str, int] = {}
     for d in order:
         higher = [hz for hz in axes[d] if hz > center[d]]
-        if higher and min(axes[d][hz].seconds for hz in higher) > t0 * (1 - 0.01):
-            flat[d] = max(higher)
-    if len(flat) < 2:
+        if higher and min(axes[d][hz].seconds for hz in higher) > t0 * (1 - flat):
+            flat_top[d] = max(higher)
+    if len(flat_top) < 2:
         return None
     p0 = at_center.power_w
     # Highest joint step first; under a cap the first that fits even if the phase gets as
     # much shorter as the largest clock ratio allows, with every domain's energy per unit
     # of work unchanged (the axes alone cannot show how much the joint move shortens it,
     # and the shorter phase draws the same energy faster).
-    levels = {d: sorted(hz for hz in axes[d] if hz > center[d]) for d in flat}
+    levels = {d: sorted(hz for hz in axes[d] if hz > center[d]) for d in flat_top}
     steps = max(len(v) for v in levels.values())
     for k in range(steps, 0, -1):
         point = center
@@ -79,12 +81,12 @@ def physically_fits(axis: Mapping[int, Measurement], hz: int, cap_w: float,
 
 
 def faster_trade(model: PhaseModel, ch: Choice, *, slowdown: float, measured_cap_w: float,
-                 tried: Collection[OperatingPoint]) -> Choice | None:
-    """A point the model predicts faster than ``ch`` (by more than ``TIME_TIE``) within the
+                 tried: Collection[OperatingPoint], tie: float = TIME_TIE) -> Choice | None:
+    """A point the model predicts faster than ``ch`` (by more than ``tie``) within the
     measured cap rather than the prediction cap (a trade such as a lower memory clock for a
     higher accelerator one, the two axes measured but never together), not ``tried`` yet;
     None if there is none."""
     wide = choose(model, slowdown=slowdown, power_cap_w=measured_cap_w, objective="time", conservative=True)
-    if not wide.within_power or wide.point in tried or wide.predicted.seconds >= ch.predicted.seconds * (1 - TIME_TIE):
+    if not wide.within_power or wide.point in tried or wide.predicted.seconds >= ch.predicted.seconds * (1 - tie):
         return None
     return wide

@@ -3,19 +3,20 @@
 :class:`Tuner` is what the engine (:mod:`._engine`), the tuning driver (:mod:`._tuning`) and
 :mod:`hetsched.testing` use of a tuner, and nothing more: a tuner proposes points to run a
 phase at, is told what each run measured, and ends with a :class:`~._model.PhaseModel`.
-:class:`~._tuner.AxisTuner` (coordinate descent with the budget-filling probes) is the one
-hetsched ships; :class:`TunerFactory` is how :class:`~._tuning.PhaseTuning` makes one, so a
+:class:`~._tuner.AxisTuner` (coordinate descent, with the budget-filling strategy of
+:mod:`._tuner_budget` on top under a budget) is the one hetsched ships; :class:`TunerFactory` is how :class:`~._tuning.PhaseTuning` makes one, so a
 different tuner replaces it without touching the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ._model import Measurement, PhaseModel
 from ._points import DomainSpec, OperatingPoint
+from ._tuner_config import TunerConfig
 
 __all__ = ["Tuner", "TunerFactory", "TunerSettings", "TunerStatistics"]
 
@@ -47,6 +48,10 @@ class TunerSettings:
     repeats: int = 2
     guarded: bool = True
     """Whether budget-filling probes may run watched points near the cap."""
+    max_measurements: int | None = None
+    """The most measurements the tune may take (None: the tuner's own bound)."""
+    config: TunerConfig = field(default_factory=TunerConfig)
+    """The tuner's constants."""
 
 
 @runtime_checkable

@@ -32,20 +32,13 @@ from ._model import Measurement, PhaseModel
 from ._phase import Phase
 from ._points import DomainSpec, OperatingPoint
 from ._tuner import axis_tuner
-from ._tuner_bounds import lead_in_floor, settled
+from ._tuner_budget import lead_in_floor, settled
+from ._tuner_config import TunerConfig
 from ._tuner_seam import Tuner, TunerFactory, TunerSettings
 
 __all__ = ["LoopUnit", "PhaseTuning", "TunePlan", "plan_tuning"]
 
 log = logging.getLogger("hetsched.governor")
-
-OCCURRENCES_PER_MEASUREMENT = 3
-"""Occurrences of a phase a tuner may take per measurement it is allowed (settle runs and
-runs re-decided under a cap measure nothing): the bound on tuning effort."""
-
-TUNE_AFTER = 3
-"""Occurrences of a phase before its tuning starts: the first run under the kernel's
-governors, the next ones at the top clocks (what the phase's length is judged on)."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +68,8 @@ def plan_tuning(
     """Whether to start tuning ``phase`` now (None: not now).
 
     One phase at a time, the longest untuned one first (shorter phases inherit the
-    domains they cannot switch from it), once it has run :data:`TUNE_AFTER` times.
+    domains they cannot switch from it), once it has run :attr:`TunerConfig.tune_after
+    <._tuner_config.TunerConfig.tune_after>` times (``config.tuner``).
     """
     if (
         phase is Phase.IDLE
@@ -83,7 +77,7 @@ def plan_tuning(
         or phase in tuning
         or phase in untunable
         or phase not in book.expected
-        or book.occurrences.get(phase, 0) < TUNE_AFTER
+        or book.occurrences.get(phase, 0) < config.tuner.tune_after
     ):
         return None
     if tuning:
@@ -163,7 +157,10 @@ class PhaseTuning:
     """
 
     def __init__(self, models: dict[Phase, PhaseModel], book: PhaseLedger, *,
-                 tuner_factory: TunerFactory = axis_tuner) -> None:
+                 tuner_factory: TunerFactory = axis_tuner, config: TunerConfig | None = None) -> None:
+        self._config = config or TunerConfig()
+        """The driver's effort bound (:attr:`TunerConfig.occurrences_per_measurement`); the
+        tuners get ``GovernorConfig.tuner`` at :meth:`start`."""
         self._models = models
         self._book = book
         self._make_tuner = tuner_factory
@@ -215,6 +212,7 @@ class PhaseTuning:
             passes=config.tune_passes,
             repeats=config.tune_repeats,
             guarded=config.guarded_probes,
+            config=config.tuner,
         ))
 
     def slowdown_for(self, phase: Phase, config: GovernorConfig) -> float:
@@ -240,7 +238,8 @@ class PhaseTuning:
 
         Effort bound. Every occurrence counts, whether it measured anything or not (held,
         a settle run, a run re-decided under a cap); past
-        :data:`OCCURRENCES_PER_MEASUREMENT` times the tuner's
+        :attr:`TunerConfig.occurrences_per_measurement
+        <._tuner_config.TunerConfig.occurrences_per_measurement>` times the tuner's
         :attr:`~hetsched._governor._tuner_seam.Tuner.measurement_limit`, the tuning ends on
         the best point measured (:meth:`Tuner.finish
         <hetsched._governor._tuner_seam.Tuner.finish>`), or, with nothing measured to build
@@ -252,7 +251,7 @@ class PhaseTuning:
             return None
         n = self._occurrences.get(phase, 0) + 1
         self._occurrences[phase] = n
-        if n > OCCURRENCES_PER_MEASUREMENT * tuner.measurement_limit:
+        if n > self._config.occurrences_per_measurement * tuner.measurement_limit:
             self.cut_short.add(phase)
             if not tuner.finish():
                 log.warning("governor: %s: tuning measured nothing in %d occurrences: left untuned", phase, n - 1)
@@ -310,7 +309,7 @@ class PhaseTuning:
 
         ``lead`` (under a budget): how late the clocks it raised landed, and the clocks it ran
         at until then; its power then counts as the bound on what it settled at
-        (:func:`~._tuner_bounds.settled`, :func:`~._tuner_bounds.lead_in_floor`).
+        (:func:`~._tuner_budget.settled`, :func:`~._tuner_budget.lead_in_floor`).
         """
         tuner = self.tuners.get(phase)
         if tuning and tuner is not None:
