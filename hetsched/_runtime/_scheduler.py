@@ -167,6 +167,7 @@ class Scheduler:
         self._deferred_until = 0.0
         """``clock.monotonic()`` by which the deferred wake-ups are delivered in any case."""
         self._coalescing = False
+        self._stopped = False
         self.wakeups_coalesced = 0
         self.bytes_to_caller = 0
         self.bytes_staged = 0
@@ -209,6 +210,16 @@ class Scheduler:
                 self._gone.append(tenant)
             self.shared = self.priorities and len(self._tenants) > 1
 
+    @property
+    def loop_thread(self) -> int:
+        """The thread id of the event loop the scheduler runs on."""
+        return self._loop_thread
+
+    @property
+    def stopped(self) -> bool:
+        """The device workers were started and have been stopped."""
+        return self._stopped
+
     def tenants(self) -> tuple[Tenant, ...]:
         """The attached tenants, in attachment order (any thread)."""
         return tuple(self._tenants)
@@ -216,6 +227,10 @@ class Scheduler:
     def saw_slo(self, slo: float) -> None:
         if slo > self.max_slo:
             self.max_slo = slo
+
+    def demotion(self) -> float:
+        """Seconds a flagged request's key goes back (see ``_tenants``)."""
+        return max(self.max_slo, self.step / 2)
 
     def statistics(self) -> SchedulerStatistics:
         """Per-tenant figures and the board's busy time (any thread)."""
@@ -378,6 +393,7 @@ class Scheduler:
         for w in workers:
             w.stop()
         self._coalescing = False  # nothing is deferred from now on
+        self._stopped = True
         self.workers = {}
         self.fire_deferred()
         return workers

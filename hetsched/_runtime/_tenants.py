@@ -11,7 +11,7 @@ The heap key of a stage (a float; smaller runs first) is a *class term* plus a *
         = fair start tag                  # no SLO, several tenants: weighted fair queuing
         = deadline - remaining(stage)     # SLO, Order.LEAST_SLACK: the stage's latest start
         = deadline                        # SLO, Order.EARLIEST_DEADLINE
-        = flagged_at + max_slo            # SLO that can no longer be met: after those that can
+        = flagged_at + demotion           # SLO that can no longer be met: after those that can
 
 * **Least slack first** (Band's LSF): ``slack = deadline - now - remaining`` where
   ``remaining`` is the estimated time of the request's longest path of stages still to run
@@ -19,13 +19,15 @@ The heap key of a stage (a float; smaller runs first) is a *class term* plus a *
   cost table or the plan's analytic time). ``now`` is common to every entry of a heap, so the
   latest start ``deadline - remaining`` orders them by slack; the key is computed whenever a
   stage is pushed, so later stages of a request carry their own (smaller) remaining time.
-* **Missed SLOs**: when a stage is pushed or popped with negative slack, the request is
-  flagged (counted in :attr:`TenantStatistics.slo_flagged`), never dropped, and from then on
-  keyed ``flagged_at + max_slo`` (``max_slo``: the largest SLO any request has had): every
-  request of its class that was queued then and could still meet its SLO (its deadline is at
-  most ``admitted + max_slo``) goes first, and later arrivals cannot starve it. A popped stage
-  found late goes back on the heap once if others wait there. It is counted in ``slo_missed``
-  if it finishes after its deadline (``slo_met`` otherwise), whatever the flag said.
+* **Missed SLOs**: when a request is admitted, or a stage of it pushed or popped, with
+  negative slack, the request is flagged (counted in :attr:`TenantStatistics.slo_flagged`),
+  never dropped, and from then on keyed ``flagged_at + demotion`` with ``demotion = max(max_slo,
+  aging_s / 2)`` (``max_slo``: the largest SLO any request has had): every request of its
+  class that can still meet an SLO no longer than ``demotion`` goes first, also one admitted
+  after it (without aging, ``demotion`` is half the class gap: after everything of its class);
+  with aging it still ages, half a class behind, so it is never starved. A popped stage found
+  late goes back on the heap once if others wait there. It is counted in ``slo_missed`` if it
+  finishes after its deadline (``slo_met`` otherwise), whatever the flag said.
 * **Requests without SLO** order by admission, as if their deadline were their admission
   time. With several tenants attached, a request's time term is a *start tag* of weighted
   fair queuing in seconds (Zhang's VirtualClock with each tenant's rate its share of the
@@ -179,6 +181,8 @@ class Tenant:
         self.slo_met = 0
         self.slo_missed = 0
         self.slo_flagged = 0
+        self._requests: set[Request] = set()
+        """Requests made and not finalized (what :meth:`detach` waits for)."""
         self.detaching = False
         self.detached = False
         self._drained: Any = None
@@ -360,6 +364,7 @@ class Tenant:
         with self._lock:
             self.requests += 1
             self.live += 1
+            self._requests.add(req)
         self.admit(req)
         return req
 
@@ -382,9 +387,12 @@ class Tenant:
         if not sch.priorities:
             req.key = now
             return
-        req.rem = self.remaining(req.program)
-        req.key = (req.deadline - max(req.rem.values(), default=0.0) if sch.order is Order.LEAST_SLACK
-                   else req.deadline) + req.priority * step
+        req.rem = rem = self.remaining(req.program)
+        left = max(rem.values(), default=0.0)
+        if now + left > req.deadline:
+            self.flag(req, now)  # late from the start
+            return
+        req.key = (req.deadline - left if sch.order is Order.LEAST_SLACK else req.deadline) + req.priority * step
 
     def estimate(self, st: StageRuntime) -> float:
         """Estimated seconds of one run of ``st`` (any thread)."""
@@ -457,7 +465,7 @@ class Tenant:
         """``req`` can no longer meet its deadline: flag and demote it (any thread)."""
         sch = self.scheduler
         req.flagged = True
-        req.key = now + sch.max_slo + req.priority * sch.step
+        req.key = now + sch.demotion() + req.priority * sch.step
         with self._lock:
             self.slo_flagged += 1
 
@@ -467,6 +475,7 @@ class Tenant:
         deadline = req.deadline
         with self._lock:
             self.live -= 1
+            self._requests.discard(req)
             if req.error is not None:
                 self.failed += 1
             elif req.done:
@@ -490,7 +499,12 @@ class Tenant:
         """Stop taking requests and wait until every request of this tenant is finalized
         (its buffers back in the pools); the other tenants keep being served. Returns the
         tenant's last statistics. Its plans' stages are the owner's to close afterwards
-        (:meth:`live_generations`). Event loop; idempotent."""
+        (:meth:`live_generations`). Event loop; idempotent.
+
+        Once the scheduler's workers have stopped (a runtime closing with sessions attached),
+        requests of this tenant that can no longer finish (queued, or made and never admitted)
+        fail with :class:`~hetsched.RuntimeStateError` instead of being waited for.
+        """
         sch = self.scheduler
         self.detaching = True
         while True:
@@ -499,11 +513,38 @@ class Tenant:
                     self._drained = None
                     break
                 waiter = self._drained = sch.new_waiter()
+            if sch.stopped:
+                self._fail_unfinished()
             await sch.wait_on(waiter)
         self.flush_costs()
         sch.forget_tenant(self)
         self.detached = True
         return self.statistics()
+
+    def _fail_unfinished(self) -> None:
+        """Fail every request of this tenant that has not finished (the workers stopped)."""
+        with self._lock:
+            left = list(self._requests)
+        sch = self.scheduler
+        for req in left:
+            with req.lock:
+                if req.done or req.closed:
+                    continue
+                req.error = RuntimeStateError(f"the scheduler stopped before a request of {self.name!r} could finish")
+                req.closed = True
+                if not req.running:
+                    req.finalize_locked()
+            if req.event is not None or req.sink is not None:
+                sch.wake(req)
+
+    def queued(self) -> int:
+        """Stages of this tenant's requests queued on the device heaps now (a snapshot)."""
+        return sum(1 for w in self.scheduler.unique_workers() for entry in list(w._heap) if entry[2].tenant is self)
+
+    @property
+    def loop_thread(self) -> int:
+        """The thread id of the scheduler's event loop."""
+        return self.scheduler.loop_thread
 
     def statistics(self) -> TenantStatistics:
         lock = self.scheduler.runner.lock
