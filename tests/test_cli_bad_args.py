@@ -35,7 +35,7 @@ BAD_VALUES: dict[Callable[[str], Any], tuple[str, ...]] = {
 PATH_TYPES = (_common.existing_dir, _common.existing_file, _common.output_dir, _common.output_file)
 
 # Positionals a subcommand needs before its options are parsed (any valid value).
-POSITIONALS = {"model": "light_squeezenet", "soc": "rk3588", "trace": "t.json"}
+POSITIONALS = {"model": "light_squeezenet", "more_models": "light_shufflenet", "soc": "rk3588", "trace": "t.json"}
 # Options a subcommand requires (a valid value each), filled in per test (tmp paths).
 REQUIRED = {"out", "output", "root"}
 

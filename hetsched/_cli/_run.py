@@ -1,5 +1,8 @@
 """``hetsched run MODEL``: run requests through a model and report latency and throughput.
 
+``hetsched run A.onnx B.onnx --rate 30,0 --priority high,background --slo-ms 33,-`` (or
+``--workload FILE``) serves several models at once: :mod:`hetsched._cli._run_multi`.
+
 ``--json`` prints one object (the CLI's contract, checked by tests): ``model``, ``requests``,
 ``inputs`` (the fed shapes), ``stages`` (a list: ``name``, ``device``, ``backend``, ``nodes`` (a count), ``flops`` (analytic),
 ...), ``refused`` (units a backend refused, with its reason), ``compile`` (``conversions``,
@@ -62,13 +65,15 @@ from ._run_governed import (
     run_governed,
     sampled,
 )
+from ._run_multi import add_multi_args, is_multi, run_multi
 
 WARMUP_REQUESTS = 3
 """``hetsched run --warmup``'s default: requests run before the measured ones (issue 24)."""
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run requests through a model (random inputs)")
-    p.add_argument("model", help="path to an .onnx file, or an embedded model name")
+    p.add_argument("model", nargs="?", help="path to an .onnx file, or an embedded model name")
+    add_multi_args(p)
     add_devices_args(p)
     p.add_argument("--requests", type=positive_int, default=20, metavar="N", help="number of requests (default 20)")
     p.add_argument("--concurrency", type=positive_int, default=1, metavar="K", help="requests in flight at once")
@@ -185,11 +190,28 @@ def governor_statistics(hooks: list) -> dict:
     return {}
 
 
+_SINGLE_ONLY = (("governor", "none", "--governor"), ("trace", None, "--trace"), ("stream", False, "--stream"),
+                ("check", False, "--check"), ("frame_deadline_ms", None, "--frame-deadline-ms"),
+                ("concurrency", 1, "--concurrency"), ("shape", [], "--shape"))
+
+
+def _check_multi_args(args: argparse.Namespace) -> None:
+    """Several models: the options that only apply to one model's run are usage errors."""
+    for attr, default, flag in _SINGLE_ONLY:
+        if getattr(args, attr, default) not in (default, None):
+            raise SystemExit(f"hetsched run: {flag} runs one model; not with several models or --workload")
+
+
 def main(args: argparse.Namespace) -> int:
     import numpy as np
 
     from hetsched import Session
 
+    if is_multi(args):
+        _check_multi_args(args)
+        return run_multi(args)
+    if not args.model:
+        raise SystemExit("hetsched run: give a MODEL (or several), or --workload FILE")
     shapes = parse_shapes(args.shape, "hetsched run")
     require_shapes(resolve_model_arg(args.model), shapes, "hetsched run's inputs")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched run")

@@ -1,0 +1,298 @@
+"""Several models on one board (issue 26): independent sessions, one Runtime with FIFO queues, one
+Runtime with hetsched's scheduler and joint placement, on the rk3588 and orin-nx twins.
+
+The mix (real models, read from the installed wheels as ``benchmarks/real_models.py`` does, and
+an embedded one):
+
+- ``detector``: ddddocr's YOLOX-style detector at 416x416, offered at 30 fps, ``Priority.HIGH``,
+  SLO 33 ms;
+- ``classifier``: PP-OCR's text-direction classifier (MobileNetV3, 48x192), fed by the
+  detector's results (``--per-result`` crops per frame), ``Priority.NORMAL``;
+- ``background``: ResNet-50 (the onnx wheel's ``light_resnet50``), ``--background`` sessions of
+  it, each one closed loop, ``Priority.BACKGROUND``. The offered load is swept over
+  ``--background`` (independent sessions have one worker per session and device, so more
+  sessions share a device more ways; a closed loop's extra clients would only queue in its own).
+
+Each model is planned on the twin's devices by hetsched's planner (``build_plan``): alone for
+the first two modes (as independent sessions place today), jointly for the third (the
+detector first with its SLO, then each next model with the earlier ones' reservations: their
+busy share of each device at their offered rate, ``hetsched.policies.Reservation``). Serving
+is replayed in the twin's *board* time (``benchmarks/_board_replay.py``: each stage's modelled
+lone time, memory time and energy from the twin, the twin's contention model for runs in
+flight at once), so the figures do not depend on this host's speed. The replay models the
+three serving disciplines; it is not a run of the Runtime's code (``"serving"`` in the JSON
+says which). ``worker_threads`` is *measured*: threads a process gains opening the three
+models as independent ``Session`` s on the twin's devices, and, where ``hetsched.Runtime``
+exists, attached to one Runtime.
+
+Fields per board and load: ``slo_satisfaction_high`` (detector requests finished within 33 ms
+/ requests whose deadline fell inside the window, finished or not), ``background_throughput`` (background requests per board
+second), ``energy_per_request_j`` per model (its stages' modelled joules / completed
+requests) and ``board_energy_per_request_j`` (all stage joules / all completed requests),
+``p50_ms``/``p95_ms``/``p99_ms`` per model, ``background_throughput_ratio`` (scheduled /
+independent at the same load), ``busy_check`` (largest relative gap between a device's busy
+time and the sum of its runs' own busy times: 0 when the sharing is consistent). Targets
+(reported, not asserted): ``slo_satisfaction_high >= 0.99`` at the load where independent
+sessions fall below it, ``background_throughput_ratio >= 1.3`` there, worker threads
+independent of the number of sessions, board energy per request no higher.
+
+    .venv/bin/python benchmarks/multi_model.py [--boards rk3588 orin-nx] [--seconds 20] [--background 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import onnx
+from _labels import MODELLED, labelled, twin
+
+from hetsched import Device, Priority, Session, load_model
+from hetsched._planning.costs import launch_seconds, roofline
+from hetsched._planning.graph import GraphIndex
+from hetsched._planning.plan import Plan, build_plan
+from hetsched.backends.sim import twin_devices
+from hetsched.policies import PowerThermalWeighted, Reservation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream  # noqa: E402
+from real_models import feeds_for, fixed_model  # noqa: E402
+
+SLO_S = 0.033
+MODES = (("independent_sessions", Mode.INDEPENDENT, "alone"), ("runtime_fifo", Mode.RUNTIME_FIFO, "alone"),
+         ("runtime_scheduled_alone_placement", Mode.RUNTIME_SCHEDULED, "alone"),
+         ("runtime_scheduled", Mode.RUNTIME_SCHEDULED, "joint"))
+"""(label, serving discipline, placement): the third isolates the scheduler from joint placement."""
+TARGETS = {"slo_satisfaction_high": ">= 0.99 where independent sessions fall below it",
+           "background_throughput_ratio": ">= 1.3 at that load", "worker_threads": "independent of the sessions",
+           "board_energy_per_request_j": "no higher than independent sessions'"}
+
+
+def models() -> dict[str, onnx.ModelProto]:
+    return {"detector": fixed_model("ddddocr_det"), "classifier": fixed_model("ppocr_cls"),
+            "background": load_model("light_resnet50")}
+
+
+def streams(background: int, per_result: int, fps: float) -> list[Stream]:
+    """The mix with ``background`` background sessions (each one closed loop: the load)."""
+    return [Stream("detector", Priority.HIGH, SLO_S, rate_hz=fps),
+            Stream("classifier", Priority.NORMAL, fed_by="detector", per_result=per_result),
+            *(Stream(f"background{i}" if i else "background", Priority.BACKGROUND, clients=1)
+              for i in range(background))]
+
+
+def model_of(stream: str) -> str:
+    return "background" if stream.startswith("background") else stream
+
+
+class _Joint(PowerThermalWeighted):
+    """The default policy, given the model's priority, SLO and the other sessions' reservations
+    (what a Runtime passes for a session it attaches)."""
+
+    def __init__(self, reservations: Sequence[Reservation], priority: int, slo_s: float | None) -> None:
+        super().__init__()
+        self.reservations, self.priority, self.slo_s = tuple(reservations), int(priority), slo_s
+
+    def place(self, problem: Any) -> Any:
+        return super().place(dataclasses.replace(problem, reservations=self.reservations, priority=self.priority,
+                                                 slo_s=self.slo_s))
+
+
+def model_plan(plan: Plan, devices: Sequence[Device]) -> ModelPlan:
+    """The twin's figures of each stage of ``plan``: lone seconds (roofline + the call's launch),
+    memory seconds, joules (the domain's full power x compute seconds, as the twin's stage counts)."""
+    by_name = {d.name: d for d in devices}
+    out = []
+    for s in plan.stages:
+        dev = by_name[s.device]
+        t, t_c, t_m, f = roofline(dev, plan.stage_flops[s.id], plan.stage_bytes[s.id])
+        domain = dev.options["profile_domain"]
+        energy = domain.full_power_w(f or domain.max_hz) * t_c
+        out.append(StagePlan(s.device, t + launch_seconds(dev), t_m, energy, tuple(s.deps)))
+    return ModelPlan(tuple(out))
+
+
+def reservation(name: str, plan: ModelPlan, stream: Stream, rate_hz: float) -> Reservation:
+    share: dict[str, float] = {}
+    for st in plan.stages:
+        share[st.device] = share.get(st.device, 0.0) + st.alone_s * rate_hz
+    return Reservation(name, share, priority=stream.priority, slo_s=stream.slo_s)
+
+
+def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Stream]) -> dict[str, dict[str, Any]]:
+    devices = twin_devices(soc)
+    indexes = {n: GraphIndex(m) for n, m in nets.items()}
+    alone_by_model = {n: model_plan(build_plan(indexes[n], devices), devices) for n in nets}
+    alone = {s.name: alone_by_model[model_of(s.name)] for s in mix}
+    joint: dict[str, ModelPlan] = {}
+    reserved: list[Reservation] = []
+    rates = {s.name: s.rate_hz for s in mix}
+    for s in sorted(mix, key=lambda s: s.priority):
+        if s.fed_by is not None:
+            rates[s.name] = rates[s.fed_by] * s.per_result
+        plan = build_plan(indexes[model_of(s.name)], devices, _Joint(reserved, s.priority, s.slo_s))
+        joint[s.name] = model_plan(plan, devices)
+        if not s.clients:  # a closed loop takes what is left: it reserves nothing ahead of others
+            reserved.append(reservation(s.name, joint[s.name], s, rates[s.name]))
+    return {"devices": [d.name for d in devices], "alone": alone, "joint": joint}
+
+
+def pct(v: Sequence[float], q: float) -> float | None:
+    return round(float(np.percentile(v, q)) * 1e3, 2) if v else None
+
+
+def summarise(r: ReplayResult, mix: Sequence[Stream]) -> dict[str, Any]:
+    per_model: dict[str, Any] = {}
+    total_e, total_done = 0.0, 0
+    for s in mix:
+        x = r.streams[s.name]
+        total_e += x.energy_j
+        total_done += x.completed
+        per_model[s.name] = {
+            "requests": x.requests, "completed": x.completed, "throughput_per_s": round(x.completed / r.seconds, 2),
+            "p50_ms": pct(x.latencies_s, 50), "p95_ms": pct(x.latencies_s, 95), "p99_ms": pct(x.latencies_s, 99),
+            "slo_satisfaction": round(x.slo_met / x.slo_requests, 4) if s.slo_s and x.slo_requests else None,
+            "energy_per_request_j": round(x.energy_j / x.completed, 5) if x.completed else None,
+        }
+    gaps = [abs(r.device_busy_s[d] - r.run_busy_s[d]) / r.device_busy_s[d] for d in r.device_busy_s
+            if r.device_busy_s[d] > 0]
+    high = [s.name for s in mix if s.priority <= Priority.HIGH]
+    background = sum(r.streams[s.name].completed for s in mix if s.priority == Priority.BACKGROUND)
+    return {
+        "slo_satisfaction_high": per_model[high[0]]["slo_satisfaction"] if high else None,
+        "background_throughput": round(background / r.seconds, 2),
+        "energy_per_request_j": {n: m["energy_per_request_j"] for n, m in per_model.items()},
+        "board_energy_per_request_j": round(total_e / total_done, 5) if total_done else None,
+        "device_busy_share": {d: round(b / r.seconds, 3) for d, b in r.device_busy_s.items() if b > 0},
+        "device_workers_modelled": r.workers,
+        "busy_check": round(max(gaps, default=0.0), 9),
+        "models": per_model,
+    }
+
+
+def placement(plan: ModelPlan) -> list[str]:
+    return [f"{st.device}:{st.alone_s * 1e3:.2f}ms" for st in plan.stages]
+
+
+def board_case(soc: str, nets: Mapping[str, onnx.ModelProto], args: argparse.Namespace) -> dict[str, Any]:
+    loads = []
+    for n in args.background:
+        mix = streams(n, args.per_result, args.fps)
+        plans = plans_for(soc, nets, mix)
+        row: dict[str, Any] = {"background_sessions": n}
+        for label, mode, which in MODES:
+            result = Replay(mode, mix, plans[which], plans["devices"]).run(args.seconds)
+            row[label] = summarise(result, mix)
+        ind, sch = row[Mode.INDEPENDENT.value], row[Mode.RUNTIME_SCHEDULED.value]
+        row["background_throughput_ratio"] = (round(sch["background_throughput"] / ind["background_throughput"], 3)
+                                              if ind["background_throughput"] else None)
+        row["board_energy_per_request_ratio"] = (
+            round(sch["board_energy_per_request_j"] / ind["board_energy_per_request_j"], 3)
+            if ind["board_energy_per_request_j"] else None)
+        loads.append(row)
+    below = [r for r in loads if (r[Mode.INDEPENDENT.value]["slo_satisfaction_high"] or 0) < 0.99]
+    at = below[0] if below else loads[-1]
+    sch = at[Mode.RUNTIME_SCHEDULED.value]
+    labels = [m[0] for m in MODES]
+    return {
+        "placement": {which: {n: placement(p) for n, p in plans[which].items() if n in ("detector", "classifier",
+                                                                                        "background")}
+                      for which in ("alone", "joint")},
+        "loads": loads,
+        "at_load": {
+            "background_sessions": at["background_sessions"],
+            "independent_below_0.99": bool(below),
+            "slo_satisfaction_high": {m: at[m]["slo_satisfaction_high"] for m in labels},
+            "background_throughput": {m: at[m]["background_throughput"] for m in labels},
+            "background_throughput_ratio": at["background_throughput_ratio"],
+            "board_energy_per_request_j": {m: at[m]["board_energy_per_request_j"] for m in labels},
+            "energy_per_request_j": sch["energy_per_request_j"],
+            "met": {"slo_satisfaction_high": (sch["slo_satisfaction_high"] or 0) >= 0.99,
+                    "background_throughput_ratio": (at["background_throughput_ratio"] or 0) >= 1.3,
+                    "board_energy_per_request": (at["board_energy_per_request_ratio"] or 9) <= 1.0},
+        },
+    }
+
+
+async def _open_all(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+    """Threads of the process after opening each model as an independent Session (and one request each)."""
+    counts = [threading.active_count()]
+    async with Session(nets["detector"], devices=twin_devices(soc)) as a:
+        await a.run(feeds_for("ddddocr_det", nets["detector"], 0))
+        counts.append(threading.active_count())
+        async with Session(nets["classifier"], devices=twin_devices(soc)) as b:
+            await b.run(feeds_for("ppocr_cls", nets["classifier"], 0))
+            counts.append(threading.active_count())
+            async with Session(nets["background"], devices=twin_devices(soc)) as c:
+                await c.run(feeds_for("light_resnet50", nets["background"], 0))
+                counts.append(threading.active_count())
+    return counts
+
+
+def worker_threads(nets: Mapping[str, onnx.ModelProto], soc: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"independent_sessions": anyio.run(_open_all, nets, soc)}
+    try:
+        from hetsched import Runtime  # type: ignore[attr-defined]  # issue 26's Runtime, where it has landed
+    except ImportError:
+        out["runtime"] = None
+        out["runtime_note"] = "hetsched.Runtime is not in this tree yet: not measured"
+    else:
+        out["runtime"] = anyio.run(_open_runtime, Runtime, nets, soc)
+    return out
+
+
+async def _open_runtime(runtime_cls: Any, nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+    counts = [threading.active_count()]
+    async with runtime_cls(devices=twin_devices(soc)) as rt:
+        sessions = []
+        try:
+            for name, feeds_name in (("detector", "ddddocr_det"), ("classifier", "ppocr_cls"),
+                                     ("background", "light_resnet50")):
+                s = Session(nets[name], runtime=rt)
+                await s.__aenter__()
+                sessions.append(s)
+                await s.run(feeds_for(feeds_name, nets[name], 0))
+                counts.append(threading.active_count())
+        finally:
+            for s in reversed(sessions):
+                await s.__aexit__(None, None, None)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--boards", nargs="+", default=["rk3588", "orin-nx"])
+    ap.add_argument("--seconds", type=float, default=20.0, help="board seconds replayed per case")
+    ap.add_argument("--background", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="background sessions, one closed loop each (the load)")
+    ap.add_argument("--per-result", type=int, default=3, help="classifier requests per detector result")
+    ap.add_argument("--fps", type=float, default=30.0)
+    ap.add_argument("--no-threads", action="store_true", help="skip opening real sessions to count threads")
+    args = ap.parse_args(argv)
+    nets = models()
+    result: dict[str, Any] = {"targets": TARGETS,
+                              "serving": "board-time replay of the three serving disciplines "
+                                         "(benchmarks/_board_replay.py), not a run of the Runtime's code",
+                              "mix": [dataclasses.asdict(s) for s in streams(1, args.per_result, args.fps)],
+                              "seconds": args.seconds, "boards": {}}
+    for soc in args.boards:
+        case = board_case(soc, nets, args)
+        if not args.no_threads:
+            case["worker_threads"] = worker_threads(nets, soc)
+        result["boards"][soc] = case
+        print(json.dumps({soc: case["at_load"]}), file=sys.stderr)
+    figures = MODELLED + "; worker_threads measured on this host (threading.active_count)"
+    print(json.dumps(labelled(result, board=twin(*args.boards), figures=figures)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

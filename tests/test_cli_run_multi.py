@@ -1,0 +1,102 @@
+"""``hetsched run A B --rate --priority --slo-ms`` / ``--workload`` (issue 26): several models at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hetsched
+from hetsched import Priority
+from hetsched._cli import main
+
+
+def _priorities(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Priority]]:
+    seen: list[tuple[str, Priority]] = []
+    real = hetsched.Session.run
+
+    async def run(self: Any, feeds: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((next(iter(feeds)), kwargs.get("priority")))
+        return await real(self, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(hetsched.Session, "run", run)
+    return seen
+
+
+def test_two_models_served_at_once_report_per_model(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    seen = _priorities(monkeypatch)
+    rc = main(["run", "light_squeezenet", "light_shufflenet", "--devices", "cpu:0", "--rate", "5,0",
+               "--priority", "high,background", "--slo-ms", "10000,-", "--duration", "0.6", "--warmup", "1", "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    det, bg = summary["models"]
+    assert (det["model"], det["priority"], det["rate"], det["slo_ms"]) == ("light_squeezenet", "high", 5.0, 10000.0)
+    assert (bg["priority"], bg["rate"], bg["slo_ms"]) == ("background", 0.0, None)
+    # open loop at 5/s for 0.6 s: requests due at 0, 0.2, 0.4 s; all within a 10 s SLO
+    assert det["requests"] == 3 and det["slo_satisfaction"] == 1.0
+    assert bg["requests"] >= 1 and bg["slo_satisfaction"] is None
+    for m in (det, bg):
+        assert m["latency_ms"]["p50"] <= m["latency_ms"]["p99"]
+        assert m["throughput_rps"] == pytest.approx(m["requests"] / 0.6)
+    assert summary["mode"] == "independent sessions" and summary["worker_threads"] >= 0
+    # each model's requests went with its own priority (the warm-up one included)
+    assert {p for _, p in seen if p == Priority.HIGH} and {p for _, p in seen if p == Priority.BACKGROUND}
+    assert all(p in (Priority.HIGH, Priority.BACKGROUND) for _, p in seen)
+
+
+def test_a_workload_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wl = tmp_path / "mix.json"
+    wl.write_text(json.dumps({"duration_s": 0.4, "models": [
+        {"model": "light_squeezenet", "rate": 5, "priority": "high", "slo_ms": 0.001},
+        {"model": "light_shufflenet", "priority": "background"}]}))
+    assert main(["run", "--workload", str(wl), "--devices", "cpu:0", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "2 models, independent sessions, 0.4 s" in out
+    assert "light_squeezenet" in out and "high" in out and "0.0%" in out  # a 1 us SLO is never met
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["light_squeezenet", "light_shufflenet", "--rate", "1,2,3"], "--rate has 3 values for 2 models"),
+        (["light_squeezenet", "light_shufflenet", "--priority", "high,urgent"], "unknown priority 'urgent'"),
+        (["light_squeezenet", "--rate", "-1"], "must be a finite number >= 0"),
+        (["light_squeezenet", "light_shufflenet", "--slo-ms", "0,-"], "must be a finite number of ms > 0"),
+        (["light_squeezenet", "light_shufflenet", "--trace", "x.json"], "--trace runs one model"),
+        (["--rate", "3"], "give a MODEL"),
+    ],
+)
+def test_bad_multi_model_arguments_are_usage_errors(argv: list[str], message: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", *argv])
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not JSON"),
+        (json.dumps({"models": []}), "non-empty \"models\" list"),
+        (json.dumps({"models": [{"model": "light_squeezenet", "rate": 1, "fps": 3}]}), "unknown keys ['fps']"),
+        (json.dumps({"models": [{"model": "light_squeezenet", "priority": "asap"}]}), "models[0]: unknown priority"),
+        (json.dumps({"models": [{"model": "light_squeezenet"}], "duration_s": -2}), "duration_s -2"),
+    ],
+)
+def test_a_bad_workload_file_names_what_is_wrong(content: str, message: str, tmp_path: Path) -> None:
+    wl = tmp_path / "mix.json"
+    wl.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--workload", str(wl)])
+    assert message in str(exc.value)
+
+
+def test_workload_and_models_together_are_refused(tmp_path: Path) -> None:
+    wl = tmp_path / "mix.json"
+    wl.write_text(json.dumps({"models": [{"model": "light_squeezenet"}]}))
+    with pytest.raises(SystemExit, match="no MODEL"):
+        main(["run", "light_squeezenet", "--workload", str(wl)])
