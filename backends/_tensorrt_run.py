@@ -6,7 +6,7 @@ Written against the documented APIs only; nothing in this project's CI has run i
   ``runtime.DLA_core = n`` **before** ``deserialize_cuda_engine`` (the core an engine runs on is
   fixed when it is deserialized), ``engine.create_execution_context()``,
   ``context.set_input_shape``, ``context.set_tensor_address``, ``context.execute_async_v3(stream)``.
-* CUDA through cuda-python (``backends._cuda``; each call returns ``(cudaError_t, *values)``):
+* CUDA through cuda-python (``hetsched._memory.cuda``; each call returns ``(cudaError_t, *values)``):
   ``cudaStreamCreate``, ``cudaMallocHost``, ``cudaHostGetDevicePointer``, ``cudaMalloc``,
   ``cudaMemcpyAsync``, ``cudaStreamSynchronize`` (CUDA Runtime API,
   https://docs.nvidia.com/cuda/cuda-runtime-api/). The stream goes to ``execute_async_v3`` as
@@ -16,7 +16,7 @@ Written against the documented APIs only; nothing in this project's CI has run i
 Memory on an integrated GPU (Jetson: ``cudaDeviceProp.integrated``; CPU and GPU share DRAM):
 a tensor that lies in one of the runtime's pool buffers is used **in place**: its pool mapping
 is registered once (``cudaHostRegister`` with ``Portable | Mapped``, through
-``backends._cuda.HOST_MAPPINGS``, unregistered when the pool unmaps it) and the address
+``hetsched._memory.cuda.HOST_MAPPINGS``, unregistered when the pool unmaps it) and the address
 ``cudaHostGetDevicePointer`` gives is bound with ``set_tensor_address``; nothing is copied,
 the CPU stage before and the GPU stage after share the bytes, as on the RK3588. Other tensors
 (a caller's arrays, unaligned views) are copied into the context's own pinned buffers
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cuda import HOST_MAPPINGS, CudaError, cuda_call, device_lost, load_cudart
+from hetsched._memory.cuda import HOST_MAPPINGS, CudaError, cuda_call, device_lost, load_cudart
 
 __all__ = ["TENSOR_ALIGNMENT", "CudaError", "EngineHandle", "GpuInfo", "WorkerContext", "cuda_call", "device_lost",
            "gpu_info", "load_cudart"]

@@ -36,6 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "_onnxruntime": set(),
     "_events": {"_errors", "_compat"},
     "_platform": VOCABULARY,
+    # memory below the runtime, shared with backends and toolkit clients (locate_shared, cuda-python)
+    "_memory": VOCABULARY,
     "_twin": VOCABULARY,
     "policies": VOCABULARY,
     "backends": VOCABULARY | {"_platform"},
@@ -44,14 +46,14 @@ ALLOWED: dict[str, set[str]] = {
     # stages in the twin's modelled-time accounting (backends.sim).
     "backends.rknn": VOCABULARY | {"_platform", "_planning", "_rknn", "_twin", "backends"},
     # The TensorRT backend (backends/tensorrt.py and its backends/_tensorrt_*.py helpers).
-    "backends.tensorrt": VOCABULARY | {"_platform", "_planning", "backends"},
+    "backends.tensorrt": VOCABULARY | {"_platform", "_memory", "_planning", "backends"},
     # The ncnn backend (backends/ncnn.py and its backends/_ncnn_*.py helpers) prepares stages and
     # measures them as the RKNN backend does (_rknn.prepare, _rknn.accuracy) and, on a twin root,
     # wraps them in the twin's modelled-time accounting (backends.sim).
     "backends.ncnn": VOCABULARY | {"_platform", "_planning", "_rknn", "backends"},
     "_planning": VOCABULARY | {"_platform", "backends", "policies"},
-    "_runtime": VOCABULARY | {"_platform", "backends"},
-    "_rknn": VOCABULARY | {"_platform", "_runtime"},
+    "_runtime": VOCABULARY | {"_platform", "_memory", "backends"},
+    "_rknn": VOCABULARY | {"_platform", "_memory"},
     "_estimators": VOCABULARY | {"_platform", "_twin"},
     "_governor": VOCABULARY | {"_platform", "_estimators", "_twin"},
 }

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 from hetsched import BackendError, BackendUnavailableError, PlatformError, Priority, TransferError
+from hetsched._memory import cuda as _cuda
+from hetsched._memory.cuda import HOST_MAPPINGS, CudaError, cuda_call, load_cudart
 from hetsched._runtime import BufferPool, MemoryDomain, Topology, TransferEngine, pools_for
-from hetsched.backends import Device, _cuda
-from hetsched.backends._cuda import HOST_MAPPINGS, CudaError, PriorityStreams, cuda_call, load_cudart, stream_priority
+from hetsched._runtime._cuda_memory import PriorityStreams, stream_priority
+from hetsched.backends import Device
 from hetsched.backends._tensorrt_run import WorkerContext
 from hetsched.backends.tensorrt import TensorRtStage
 

@@ -322,7 +322,7 @@ def test_interpreter_without_toolkit(tmp_path: Path) -> None:
 
 
 def test_locate_shared() -> None:
-    from hetsched._runtime._memory import locate_shared
+    from hetsched._memory.shared import locate_shared
 
     with BufferPool("host", backing="memfd") as pool:
         buf = pool.acquire_nowait(4096)

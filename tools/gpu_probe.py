@@ -6,7 +6,7 @@ device it prints ``SKIP: ...`` and exits 3 after the checks that need no GPU.
 What it exercises, each step a JSON line (``{"step": ..., "ok": ..., ...}``) and all of them in
 ``$OUT/probe.json`` (or argv[1]):
 
- 1. ``backends._cuda.load_cudart`` (which module: cuda.bindings.runtime / cuda.cudart),
+ 1. ``hetsched._memory.cuda.load_cudart`` (which module: cuda.bindings.runtime / cuda.cudart),
     ``_tensorrt_run.gpu_info`` (cudaGetDeviceProperties, runtime/driver versions, integrated).
  2. ``cuda_call`` with real ``cudaError_t`` enums: a refused cudaMalloc becomes ``CudaError`` whose
     ``name`` is the error's C name (the stand-in in the tests uses strings).
@@ -144,7 +144,7 @@ def versions() -> dict[str, Any]:
 
 
 def load() -> tuple[Any, Any] | None:
-    from hetsched.backends._cuda import cuda_call, load_cudart
+    from hetsched._memory.cuda import cuda_call, load_cudart
     try:
         rt = load_cudart()
     except Exception as exc:  # noqa: BLE001
@@ -170,7 +170,7 @@ def gpu_info_step(rt: Any) -> Any:
 
 @step
 def error_translation(rt: Any) -> None:
-    from hetsched.backends._cuda import CudaError, cuda_call, device_lost
+    from hetsched._memory.cuda import CudaError, cuda_call, device_lost
     try:
         cuda_call(rt, rt.cudaMalloc(1 << 50), "cudaMalloc")  # 1 PiB: refused, not sticky
     except CudaError as exc:
@@ -182,7 +182,7 @@ def error_translation(rt: Any) -> None:
 
 @step
 def host_registration(rt: Any, backing: str) -> None:
-    from hetsched.backends._cuda import HOST_MAPPINGS
+    from hetsched._memory.cuda import HOST_MAPPINGS
     from hetsched.lowlevel import BufferPool
     before = len(WARNINGS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,8 +209,8 @@ def _engine_round_trip(rt: Any, chunk: int, size: int) -> dict[str, Any]:
     import anyio
 
     from hetsched import Priority
+    from hetsched._memory.cuda import HOST_MAPPINGS
     from hetsched._runtime import pools_for
-    from hetsched.backends._cuda import HOST_MAPPINGS
     from hetsched.lowlevel import Topology, TransferEngine
 
     out: dict[str, Any] = {}
@@ -256,7 +256,7 @@ def engine_round_trips(rt: Any) -> None:
 @step
 def baselines(rt: Any) -> None:
     """The same number of bytes moved without hetsched's engine, in the same process."""
-    from hetsched.backends._cuda import cuda_call
+    from hetsched._memory.cuda import cuda_call
     res: dict[str, Any] = {"size_mib": SIZE // MiB}
     H2D, D2H = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
     dptr = int(cuda_call(rt, rt.cudaMalloc(SIZE), "cudaMalloc"))
@@ -408,7 +408,7 @@ def worker_context(rt: Any, integrated: bool) -> None:
     if cp is None:
         report("worker_context", None, skip="cupy is not importable")
         return
-    from hetsched.backends._cuda import HOST_MAPPINGS
+    from hetsched._memory.cuda import HOST_MAPPINGS
     from hetsched.backends._tensorrt_run import WorkerContext
     from hetsched.lowlevel import BufferPool
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ToolkitWorkerError
-from .._runtime._memory import locate_shared
+from .._memory.shared import locate_shared
 
 __all__ = ["BuildRequest", "BuildResult", "ToolkitProcess", "ToolkitProcessStatistics"]
 

@@ -5,33 +5,34 @@ Each pool maps its memory in *slabs* of shareable memory: a dma-buf from
 (``os.memfd_create``), else anonymous memory. A slab is carved into equal blocks of one
 *size class* (see :func:`size_class`). See ``_buffers`` for the whole design.
 
-Every host slab is announced to ``hetsched.backends._cuda.HOST_MAPPINGS`` while it is mapped,
+Every host slab is announced to ``hetsched._memory.cuda.HOST_MAPPINGS`` while it is mapped,
 so a GPU backend may register it with CUDA (``cudaHostRegister``) and use it in place; it is
-unregistered there before the slab is unmapped. The pool of the ``cuda`` memory domain
-(``cuda`` or ``cuda:N``, a discrete GPU's memory) maps its slabs with ``cudaMalloc`` instead
-(backing ``"cuda"``): such blocks have a device address and no host view.
+unregistered there before the slab is unmapped. A slab with a descriptor is also announced to
+``hetsched._memory.shared`` (``locate_shared``: a toolkit's worker process is handed
+``(fd, offset)``). The pool of the ``cuda`` memory domain (``cuda`` or ``cuda:N``, a discrete
+GPU's memory) maps its slabs with ``cudaMalloc`` instead (backing ``"cuda"``,
+``_cuda_memory``): such blocks have a device address and no host view.
 """
 
 from __future__ import annotations
 
-import bisect
 import fcntl
 import mmap
 import os
 import stat
 import struct
-import threading
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import numpy as np
 
-from hetsched.backends import _cuda
-
 from .._errors import PathOutsideRootError, PlatformError, SysfsError, TransferError
+from .._memory.cuda import HOST_MAPPINGS
+from .._memory.shared import forget_shared, register_shared
 from .._platform._fs import SysfsRoot
+from ._cuda_memory import CudaBacking, DeviceMemory, cuda_device_of
 
-__all__ = ["ALIGNMENT", "SLAB_BYTES", "locate_shared", "size_class"]
+__all__ = ["ALIGNMENT", "SLAB_BYTES", "size_class"]
 
 ALIGNMENT = 64
 """Every buffer's data starts on a multiple of this many bytes (a cache line)."""
@@ -113,36 +114,7 @@ class _AnonymousBacking:
         pass
 
 
-class _CudaBacking:
-    """Device memory of CUDA device ``device_id`` (``cudaMalloc``), with the copier the transfer
-    engine moves its blocks' bytes with."""
-
-    name = "cuda"
-
-    def __init__(self, device_id: int) -> None:
-        self._cudart = _cuda.load_cudart()
-        self.device_id = device_id
-        self.copier = _cuda.CudaCopier(self._cudart, device_id)
-
-    def map(self, size: int) -> tuple[int, _cuda.DeviceMemory]:
-        try:
-            return -1, _cuda.DeviceMemory(self._cudart, self.copier, self.device_id, size)
-        except _cuda.CudaError as exc:
-            raise OSError(str(exc)) from exc  # the pool reports mapping failures as OSError
-
-    def close(self) -> None:
-        self.copier.close()
-
-
-_BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking | _CudaBacking
-
-
-def cuda_device_of(domain: str) -> int | None:
-    """The CUDA device of a ``cuda`` memory domain's name (``cuda`` -> 0, ``cuda:N`` -> N), else None."""
-    head, _, tail = domain.partition(":")
-    if head != "cuda" or (tail and not tail.isdigit()):
-        return None
-    return int(tail) if tail else 0
+_BackingImpl = _MemfdBacking | _DmaHeapBacking | _AnonymousBacking | CudaBacking
 
 
 def _open_heap(root: str | os.PathLike[str], heap: str) -> tuple[int | None, str]:
@@ -204,7 +176,7 @@ def _open_backing(
     device = cuda_device_of(label)
     if kind == "cuda" or (kind == "auto" and device is not None):
         try:
-            return _CudaBacking(device or 0), None
+            return CudaBacking(device or 0), None
         except ImportError as exc:  # BackendUnavailableError: no cuda-python
             raise PlatformError(f"memory domain {label!r} is CUDA device memory: {exc}") from exc
     if kind in ("auto", "dma-heap"):
@@ -250,32 +222,32 @@ class _DeviceBytes:
 class _Slab:
     __slots__ = ("base", "carved", "device", "fd", "in_use", "mm", "ptr", "size")
 
-    def __init__(self, fd: int, mm: mmap.mmap | _cuda.DeviceMemory, size: int) -> None:
+    def __init__(self, fd: int, mm: mmap.mmap | DeviceMemory, size: int) -> None:
         self.fd = fd
         self.mm = mm
         self.size = size
         self.carved = 0
         self.in_use = 0
-        self.device: _cuda.DeviceMemory | None = None
+        self.device: DeviceMemory | None = None
         """The ``cudaMalloc`` allocation of a ``cuda`` pool's slab (None: host memory)."""
         self.base: np.ndarray[Any, np.dtype[np.uint8]] | None = None
-        if isinstance(mm, _cuda.DeviceMemory):
+        if isinstance(mm, DeviceMemory):
             self.device = mm
             self.ptr = mm.ptr
             return
         self.base = np.frombuffer(mm, dtype=_U8)
         self.ptr = self.base.ctypes.data
-        _cuda.HOST_MAPPINGS.add(self.ptr, size)
+        HOST_MAPPINGS.add(self.ptr, size)
         if fd >= 0:
-            _register_shared(self)
+            register_shared(self)
 
     def unmap(self) -> None:
-        if isinstance(self.mm, _cuda.DeviceMemory):
+        if isinstance(self.mm, DeviceMemory):
             self.mm.close()
             return
         if self.fd >= 0:
-            _forget_shared(self)
-        _cuda.HOST_MAPPINGS.remove(self.ptr, self.size)  # unregistered from CUDA before the munmap
+            forget_shared(self)
+        HOST_MAPPINGS.remove(self.ptr, self.size)  # unregistered from CUDA before the munmap
         self.base = None
         try:
             self.mm.close()
@@ -285,52 +257,6 @@ class _Slab:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-# -- where shareable memory lies ---------------------------------------------------
-# Live slabs that have a file descriptor, sorted by start address, so that a worker process
-# can be handed (fd, offset) instead of a copy of an array that lies in a pool buffer.
-
-_shared_lock = threading.Lock()
-_shared_starts: list[int] = []
-_shared_slabs: list[_Slab] = []
-
-
-def _register_shared(slab: _Slab) -> None:
-    with _shared_lock:
-        i = bisect.bisect_left(_shared_starts, slab.ptr)
-        _shared_starts.insert(i, slab.ptr)
-        _shared_slabs.insert(i, slab)
-
-
-def _forget_shared(slab: _Slab) -> None:
-    with _shared_lock:
-        i = bisect.bisect_left(_shared_starts, slab.ptr)
-        while i < len(_shared_slabs) and _shared_starts[i] == slab.ptr:
-            if _shared_slabs[i] is slab:
-                del _shared_starts[i]
-                del _shared_slabs[i]
-                return
-            i += 1
-
-
-def locate_shared(address: int, nbytes: int) -> tuple[int, int] | None:
-    """``(fd, offset)`` of the ``nbytes`` at ``address`` when they lie inside one live shareable slab.
-
-    Shareable slabs are the memfd and dma-buf ones of the buffer pools (anonymous memory has no
-    descriptor). ``None`` when the range is not entirely inside one such slab. The fd stays
-    owned by the pool: it is valid only while the slab is mapped (until the pool unmaps it).
-    Thread-safe; a binary search over the live slabs.
-    """
-    with _shared_lock:
-        i = bisect.bisect_right(_shared_starts, address) - 1
-        if i < 0:
-            return None
-        slab = _shared_slabs[i]
-        offset = address - slab.ptr
-        if offset + nbytes > slab.size or slab.fd < 0:
-            return None
-        return slab.fd, offset
 
 
 class _Block:

@@ -44,10 +44,9 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from hetsched.backends import _cuda
-
 from .._errors import RuntimeStateError, TransferError
 from ._buffers import BufferPool, BufferState, TensorBuffer
+from ._cuda_memory import chunk_copy
 from ._domains import MemoryDomain, Topology
 
 __all__ = [
@@ -473,7 +472,7 @@ class TransferEngine:
             def copy(start: int, end: int) -> None:
                 host_copy(d[start:end], s[start:end])
         else:  # a ``cuda`` pool's block on one side: cudaMemcpyAsync on the priority's stream
-            copy = _cuda.chunk_copy(sb.ptr, sb.size, sb.slab.device, ob.ptr, ob.size, ob.slab.device, t.priority)
+            copy = chunk_copy(sb.ptr, sb.size, sb.slab.device, ob.ptr, ob.size, ob.slab.device, t.priority)
         chunk = self.chunk_bytes
         while t.offset < n:
             if ch.queue and ch.queue[0].priority < t.priority:

@@ -1,5 +1,7 @@
-"""A thin, lazy wrapper over cuda-python's CUDA runtime module, for the TensorRT backend and the
-runtime's ``cuda`` memory domain.
+"""cuda-python's CUDA runtime, lazily: loading it, its errors, and the pools' host mappings.
+
+Shared by the runtime's ``cuda`` memory domain (``hetsched._runtime._cuda_memory``) and the
+TensorRT backend, which both sit above this module; it imports nothing of theirs.
 
 **Not run on a GPU by this project's CI**; written against the CUDA Runtime API reference
 (https://docs.nvidia.com/cuda/cuda-runtime-api/) and cuda-python's bindings, whose calls return
@@ -9,19 +11,13 @@ them (``cuda_call``). cuda-python is imported at the first use, never at import 
 
 What is here:
 
+* :func:`load_cudart`, :func:`cuda_call`, :class:`CudaError`, :func:`device_lost`: the module, a
+  call's result, its errors, and which errors mean the device is gone;
 * :data:`HOST_MAPPINGS`: the buffer pools' host mappings (memfd / dma-buf / anonymous slabs),
   each registered with CUDA at most once (``cudaHostRegister``, ``Portable``, plus ``Mapped``
   on an integrated GPU so that ``cudaHostGetDevicePointer`` gives the address the GPU uses)
   and unregistered (``cudaHostUnregister``) when its pool unmaps it. This is how a Jetson's GPU
   reads and writes the runtime's pool buffers in place.
-* :class:`PriorityStreams` and :class:`CudaCopier`: host<->device copies on streams made with
-  ``cudaStreamCreateWithPriority`` from ``cudaDeviceGetStreamPriorityRange``. CUDA documents
-  that stream priorities order *kernels* only, not memory copies
-  (``cuStreamCreateWithPriority``: "Stream priorities have no effect on host-to-device and
-  device-to-host memory operations"), so a HIGH copy overtakes a BACKGROUND one because the
-  transfer engine copies in chunks and hands the channel over at chunk boundaries, not because
-  of the stream.
-* :class:`DeviceMemory`: one ``cudaMalloc`` allocation, a slab of the ``cuda`` domain's pool.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,16 +33,12 @@ from hetsched._errors import BackendError, BackendUnavailableError
 __all__ = [
     "HOST_MAPPINGS",
     "INSTALL_HINT",
-    "CudaCopier",
     "CudaError",
-    "DeviceMemory",
     "HostMappings",
-    "PriorityStreams",
-    "chunk_copy",
     "cuda_call",
+    "cuda_flag",
     "device_lost",
     "load_cudart",
-    "stream_priority",
 ]
 
 log = logging.getLogger("hetsched.backends")
@@ -68,7 +59,6 @@ _DEVICE_LOST = frozenset({
 # export the constant under its C name.
 _HOST_REGISTER_PORTABLE = 0x01
 _HOST_REGISTER_MAPPED = 0x02
-_STREAM_NON_BLOCKING = 0x01
 
 
 class CudaError(BackendError):
@@ -116,7 +106,9 @@ def cuda_call(cudart: Any, result: Any, call: str) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def _flag(cudart: Any, name: str, value: int) -> int:
+def cuda_flag(cudart: Any, name: str, value: int) -> int:
+    """The flag constant ``name`` of ``cudart``, or ``value`` (the C header's) where a cuda-python
+    build does not export it under its C name."""
     return int(getattr(cudart, name, value))
 
 
@@ -218,9 +210,9 @@ class HostMappings:
         if m.cudart is not None:  # pinned before, now wanted mapped: register again with the flag
             m.cudart.cudaHostUnregister(m.base)
             m.cudart = None
-        flags = _flag(cudart, "cudaHostRegisterPortable", _HOST_REGISTER_PORTABLE)
+        flags = cuda_flag(cudart, "cudaHostRegisterPortable", _HOST_REGISTER_PORTABLE)
         if mapped:
-            flags |= _flag(cudart, "cudaHostRegisterMapped", _HOST_REGISTER_MAPPED)
+            flags |= cuda_flag(cudart, "cudaHostRegisterMapped", _HOST_REGISTER_MAPPED)
         cuda_call(cudart, cudart.cudaHostRegister(m.base, m.size, flags), "cudaHostRegister")
         device = 0
         if mapped:
@@ -243,143 +235,3 @@ class HostMappings:
 
 HOST_MAPPINGS = HostMappings()
 """The process's pool mappings (``hetsched._runtime._memory`` adds and removes its slabs here)."""
-
-
-# -- streams and copies ---------------------------------------------------------------------------
-
-
-def stream_priority(level: int, least: int, greatest: int) -> int:
-    """The CUDA stream priority for a runtime priority ``level`` (``Priority``: 0 REALTIME ... 3
-    BACKGROUND) in the device's range (``cudaDeviceGetStreamPriorityRange``: lower numbers are
-    more urgent, ``greatest <= least``): REALTIME and HIGH get ``greatest``, BACKGROUND
-    ``least``, NORMAL the middle, rounded towards ``least``."""
-    if level <= 1:
-        return greatest
-    if level >= 3:
-        return least
-    return least - (least - greatest) // 2
-
-
-class PriorityStreams:
-    """One non-blocking CUDA stream per runtime priority level on one device, made at first use.
-
-    :raises CudaError: (from :meth:`stream_for`) the range query or the stream creation failed.
-    """
-
-    def __init__(self, cudart: Any, device_id: int = 0) -> None:
-        self._cudart = cudart
-        self.device_id = device_id
-        self._lock = threading.Lock()
-        self._range: tuple[int, int] | None = None
-        self._streams: dict[int, Any] = {}
-
-    def priority_of(self, level: int) -> int:
-        c = self._cudart
-        if self._range is None:
-            least, greatest = cuda_call(c, c.cudaDeviceGetStreamPriorityRange(), "cudaDeviceGetStreamPriorityRange")
-            self._range = (int(least), int(greatest))
-        return stream_priority(level, *self._range)
-
-    def stream_for(self, level: int) -> Any:
-        key = max(0, min(3, int(level)))
-        with self._lock:
-            stream = self._streams.get(key)
-            if stream is None:
-                c = self._cudart
-                cuda_call(c, c.cudaSetDevice(self.device_id), "cudaSetDevice")
-                flags = _flag(c, "cudaStreamNonBlocking", _STREAM_NON_BLOCKING)
-                stream = cuda_call(c, c.cudaStreamCreateWithPriority(flags, self.priority_of(key)),
-                                   "cudaStreamCreateWithPriority")
-                self._streams[key] = stream
-            return stream
-
-    def close(self) -> None:
-        """Destroy the streams (errors ignored: the device may be gone)."""
-        with self._lock:
-            streams, self._streams = list(self._streams.values()), {}
-        for s in streams:
-            self._cudart.cudaStreamDestroy(s)
-
-
-class CudaCopier:
-    """Copies one chunk at a time on the stream of the copy's priority, and waits for it.
-
-    Waiting (``cudaStreamSynchronize``) before returning is what lets the transfer engine hand
-    the channel over at a chunk boundary and release a cancelled copy's buffers: no DMA is in
-    flight into memory once :meth:`copy` has returned.
-    """
-
-    def __init__(self, cudart: Any, device_id: int = 0) -> None:
-        self._cudart = cudart
-        self.streams = PriorityStreams(cudart, device_id)
-        self.chunks = 0
-
-    def copy(self, dst: int, src: int, nbytes: int, *, to_device: bool, from_device: bool, priority: int) -> None:
-        """Copy ``nbytes`` from address ``src`` to ``dst`` (host or device as the flags say).
-
-        :raises CudaError: the copy or the wait failed (it names the call).
-        """
-        c = self._cudart
-        kinds = c.cudaMemcpyKind
-        if to_device and from_device:
-            kind = kinds.cudaMemcpyDeviceToDevice
-        elif to_device:
-            kind = kinds.cudaMemcpyHostToDevice
-        elif from_device:
-            kind = kinds.cudaMemcpyDeviceToHost
-        else:
-            kind = kinds.cudaMemcpyHostToHost
-        stream = self.streams.stream_for(priority)
-        cuda_call(c, c.cudaMemcpyAsync(dst, src, nbytes, kind, stream), "cudaMemcpyAsync")
-        cuda_call(c, c.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
-        self.chunks += 1
-
-    def close(self) -> None:
-        self.streams.close()
-
-
-class DeviceMemory:
-    """One ``cudaMalloc`` allocation of ``size`` bytes on ``device_id``: a slab of a ``cuda`` pool.
-
-    :raises CudaError: ``cudaSetDevice`` or ``cudaMalloc`` failed.
-    """
-
-    def __init__(self, cudart: Any, copier: CudaCopier, device_id: int, size: int) -> None:
-        self.cudart = cudart
-        self.copier = copier
-        self.device_id = device_id
-        self.size = size
-        cuda_call(cudart, cudart.cudaSetDevice(device_id), "cudaSetDevice")
-        self.ptr = int(cuda_call(cudart, cudart.cudaMalloc(size), "cudaMalloc"))
-        self.closed = False
-
-    def close(self) -> None:
-        """``cudaFree`` (once; an error is not raised, the device may be gone)."""
-        if not self.closed:
-            self.closed = True
-            self.cudart.cudaFree(self.ptr)
-
-
-def chunk_copy(src: int, src_size: int, src_device: DeviceMemory | None, dst: int, dst_size: int,
-               dst_device: DeviceMemory | None, priority: int) -> Callable[[int, int], None]:
-    """``copy(start, end)`` moving bytes ``start:end`` of the block at ``src`` to the one at ``dst``
-    through CUDA; ``*_device`` is the block's ``cudaMalloc`` slab, None for host memory (one of
-    them is not None). Each call runs on the stream of ``priority`` and waits for its copy.
-
-    A host block's pool mapping is pinned once (``cudaHostRegister``) where CUDA allows it;
-    where it does not, CUDA copies from pageable memory, only more slowly.
-    """
-    dev = src_device or dst_device
-    if dev is None:
-        raise ValueError("chunk_copy needs a device block on one side")
-    copier, cudart = dev.copier, dev.cudart
-    for address, size, on_device in ((src, src_size, src_device), (dst, dst_size, dst_device)):
-        if on_device is None:  # pinned where CUDA lets it; pageable memory is copied too, more slowly
-            HOST_MAPPINGS.device_address(cudart, address, size, mapped=False)
-    to_device, from_device = dst_device is not None, src_device is not None
-
-    def copy_range(start: int, end: int) -> None:
-        copier.copy(dst + start, src + start, end - start, to_device=to_device, from_device=from_device,
-                    priority=priority)
-
-    return copy_range
