@@ -39,6 +39,7 @@ import onnxruntime as ort
 from _labels import MODELLED, labelled, twin
 from onnx import TensorProto, helper, numpy_helper
 
+import hetsched
 from hetsched import DeviceFailedError, EventInfo, Hooks, LiveTwin, Replanning, Session
 from hetsched.backends.sim import clock_from_root, twin_devices
 from hetsched.testing import FakeBackend, fake_device
@@ -53,7 +54,7 @@ async def _hot_run(adaptive: bool, requests: int, ambient: float) -> dict[str, A
         twin.advance(0.0)  # the tree, and the load channel the session's stages report into
         devices = twin_devices("rk3588", clock=clock_from_root(root), root=root)
         config = Replanning(period_s=0.1, min_interval_s=0.3, drift_min_runs=16, drift_factor=1.5) if adaptive else None
-        async with Session("light_squeezenet", devices=devices, root=root, replanning=config) as s:
+        async with Session("light_squeezenet", devices=devices, root=root, adaptation=hetsched.Adaptation(replanning=config)) as s:
             first = s.get_inputs()[0]
             shape = [d.dim_value or 1 for d in first.type.tensor_type.shape.dim]
             x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

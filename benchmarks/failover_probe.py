@@ -60,6 +60,7 @@ import onnx
 from _labels import host, labelled, measured
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import DeviceFailedError, HetschedError, Replanning, Session
 from hetsched.backends import (
     BackendHooks,
@@ -214,7 +215,7 @@ async def _replan_round(k: int, tally: Tally, n: int, slow_s: float, concurrency
             devices = [fake_device("a", backend=fb.name, peak_flops=1e13),
                        fake_device("b", backend=fb.name, peak_flops=1e10)]
             async with Session(_chain(), devices=devices, policy=policy, max_unit_nodes=1, max_in_flight=256,
-                               replanning=Replanning(quarantine_after=2)) as s:
+                               adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=2))) as s:
                 half = n // 2
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_load, s, tally, k * n, half, stream, concurrency)
@@ -241,7 +242,7 @@ async def _replan_round(k: int, tally: Tally, n: int, slow_s: float, concurrency
                        fake_device("gpuish", backend=quick.name, peak_flops=1e11),
                        fake_device("npuish", backend=slow.name, peak_flops=1e13)]
             async with Session(_chain(), devices=devices, policy=policy, max_unit_nodes=1, max_in_flight=256,
-                               background_compile=True, replanning=Replanning(quarantine_after=2)) as s:
+                               adaptation=hetsched.Adaptation(background_compile=True, replanning=Replanning(quarantine_after=2))) as s:
                 half = n // 2
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_load, s, tally, k * n, half, stream, concurrency)

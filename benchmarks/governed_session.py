@@ -50,6 +50,7 @@ import anyio
 import numpy as np
 from _labels import MODELLED, labelled, twin
 
+import hetsched
 from hetsched import EventInfo, Hooks, LiveTwin, Session, discover
 from hetsched.backends.sim import clock_from_root, twin_devices
 
@@ -229,7 +230,7 @@ async def _board(soc: str, frames: int, deadline_ms: float) -> dict[str, Any]:
         twin.advance(0.0)
         clock = BoardTime(twin)
         devices = twin_devices(soc, clock=clock_from_root(str(root)), root=str(root))
-        async with Session(MODEL, devices=devices, root=str(root), hooks=[clock], replanning=None) as s:
+        async with Session(MODEL, devices=devices, root=str(root), hooks=[clock], adaptation=hetsched.Adaptation(replanning=None)) as s:
             clock.session = s
             first = s.get_inputs()[0]
             shape = [d.dim_value or 1 for d in first.type.tensor_type.shape.dim]

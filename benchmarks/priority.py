@@ -37,6 +37,7 @@ import anyio
 import numpy as np
 from _labels import host, labelled, measured
 
+import hetsched
 from hetsched import Device, Priority, Session
 from hetsched.lowlevel import Topology, rate_limited_copy
 from hetsched.policies import Pinned
@@ -84,11 +85,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     def place(u: Any) -> str:
         return "host-cpu" if u.id == 0 else "acc"
 
-    common = dict(devices=[host, acc], policy=Pinned(place), max_unit_nodes=cut, topology=topo,
-                  chunk_bytes=args.chunk_kib << 10, copy_fn=rate_limited_copy(args.link_mbps * 1e6),
+    memory = hetsched.Memory(topology=topo, chunk_bytes=args.chunk_kib << 10,
+                             copy_fn=rate_limited_copy(args.link_mbps * 1e6))
+    common = dict(devices=[host, acc], policy=Pinned(place), max_unit_nodes=cut, memory=memory,
                   max_in_flight=args.bg_clients + 4)
     lat: dict[str, dict[str, list[float]]] = {m: {"idle": [], "load": []} for m in ("prio", "fifo")}
-    async with Session(model, **common) as prio, Session(model, priorities=False, **common) as fifo:
+    async with Session(model, **common) as prio, Session(model, scheduling=hetsched.Scheduling(priorities=False), **common) as fifo:
         assert [st.device for st in prio.plan.stages] == ["host-cpu", "acc"], prio.plan.table()
         crossing = [v for v in prio.plan.stages[1].inputs if v in prio.plan.stages[0].outputs]
         for s in (prio, fifo):

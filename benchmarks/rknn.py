@@ -39,6 +39,7 @@ import onnx
 import onnxruntime as ort
 from _labels import MODELLED, labelled, twin
 
+import hetsched
 from hetsched import Device, Session, resolve_devices
 from hetsched.backends.sim import clock_from_root, twin_devices
 from hetsched.testing import build_board_tree, with_seeded_weights
@@ -78,7 +79,7 @@ def _modelled_per_request(session: Session) -> tuple[float, float]:
 async def _open(model: onnx.ModelProto, devices: list[Device], root: Path,
                 background: bool = False) -> tuple[Session, float]:
     t0 = time.perf_counter()
-    s = Session(model, devices=devices, root=root, background_compile=background)
+    s = Session(model, devices=devices, root=root, adaptation=hetsched.Adaptation(background_compile=background))
     await s.__aenter__()
     return s, time.perf_counter() - t0
 

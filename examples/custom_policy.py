@@ -37,7 +37,7 @@ async def main() -> None:
         "cpu:1": DeviceState("cpu:1", temp_headroom=0.1),
     }
     async with hetsched.Session(MODEL, devices=["cpu:0", "cpu:1"], policy=coolest_unless_much_faster,
-                                device_states=states, max_unit_nodes=4) as s:
+                                adaptation=hetsched.Adaptation(device_states=states), max_unit_nodes=4) as s:
         print(s.plan.table())
         x = np.zeros([1, 3, 224, 224], np.float32)
         await s.run({s.get_inputs()[0].name: x})

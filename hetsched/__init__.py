@@ -127,10 +127,16 @@ if _typing.TYPE_CHECKING:
     from ._runtime import TransferInfo as TransferInfo
     from ._runtime._failover import FailoverStatistics as FailoverStatistics
     from ._session._delivery import Outputs as Outputs
+    from ._session._options import Adaptation as Adaptation
+    from ._session._options import Memory as Memory
+    from ._session._options import Scheduling as Scheduling
     from ._session._ort_session import InferenceSession as InferenceSession
     from ._session._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
     from ._session._replan import Replanning as Replanning
     from ._session._replan import ReplanStatistics as ReplanStatistics
+    from ._session._runtime import Runtime as Runtime
+    from ._session._runtime import RuntimeStatistics as RuntimeStatistics
+    from ._session._runtime import SessionShare as SessionShare
     from ._session._session import Session as Session
     from ._session._session import SessionStatistics as SessionStatistics
     from ._session._stream import ResultStream as ResultStream
@@ -206,6 +212,9 @@ _LAZY: dict[str, str] = {
     "Hooks": "._events",
     "Priority": "._events",
     "ReplanInfo": "._events",
+    "Adaptation": "._session._options",
+    "Memory": "._session._options",
+    "Scheduling": "._session._options",
     "InferenceSession": "._session._ort_session",
     "InferenceSessionStatistics": "._session._ort_session",
     "Replanning": "._session._replan",
@@ -213,6 +222,9 @@ _LAZY: dict[str, str] = {
     "StageIO": "._runtime",
     "TransferInfo": "._runtime",
     "FailoverStatistics": "._runtime._failover",
+    "Runtime": "._session._runtime",
+    "RuntimeStatistics": "._session._runtime",
+    "SessionShare": "._session._runtime",
     "Session": "._session._session",
     "SessionStatistics": "._session._session",
     "ResultStream": "._session._stream",
@@ -243,6 +255,7 @@ _SUBMODULES = frozenset({"backends", "lowlevel", "policies", "testing"})
 __version__ = "0.1.0"
 
 __all__ = (
+    "Adaptation",
     "BackendError",
     "BackendUnavailableError",
     "BatchAdvice",
@@ -288,6 +301,7 @@ __all__ = (
     "LiveTwin",
     "LiveTwinStatistics",
     "Measurement",
+    "Memory",
     "ModelError",
     "ModelFormatError",
     "ModelNotFoundError",
@@ -315,8 +329,12 @@ __all__ = (
     "ReplanStatistics",
     "Replanning",
     "ResultStream",
+    "Runtime",
     "RuntimeStateError",
+    "RuntimeStatistics",
+    "Scheduling",
     "Session",
+    "SessionShare",
     "SessionStatistics",
     "SimBoard",
     "SimStatistics",

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import hetsched
 from hetsched import EventInfo, Hooks, LiveTwin, Replanning, Session
 from hetsched.backends.sim import clock_from_root, twin_devices
 from hetsched.testing import FakeBackend, build_board_tree, fake_device
@@ -62,7 +63,7 @@ async def test_a_live_twin_shows_the_sessions_load_heat_and_energy(tmp_path: Pat
     rec = _Energy()
     total = 0.0
     # one plan throughout (no re-plan on drift), so each stage's figures add up to the session's
-    async with Session(_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec], replanning=None) as s:
+    async with Session(_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec], adaptation=hetsched.Adaptation(replanning=None)) as s:
         assert [d.name for d in s.devices] == ["gpu"]
         for _ in range(20):  # board time driven by the work: each batch advances the twin by its busy time
             for _ in range(20):
@@ -115,7 +116,7 @@ async def test_a_device_heating_past_its_trip_re_places_its_work(tmp_path: Path,
         devices = [dataclasses.replace(fake_device(name, backend="fake-hot", kind=name), domain=name)
                    for name in ("gpu", "npu")]
         config = Replanning(period_s=0.02, min_interval_s=0.0)
-        async with Session(_cnn(), root=tmp_path, devices=devices, hooks=[rec], replanning=config) as s:
+        async with Session(_cnn(), root=tmp_path, devices=devices, hooks=[rec], adaptation=hetsched.Adaptation(replanning=config)) as s:
             first = {st.device for st in s.plan.stages}
             assert len(first) == 1
             hot = first.pop()
@@ -154,7 +155,7 @@ async def test_energy_and_busy_time_span_re_plans(tmp_path: Path, anyio_backend:
     rec = _Energy()
     x = np.zeros((1, 3, 32, 32), np.float32)
     async with Session(_cnn(), root=tmp_path, devices=["gpu", "big"],
-                       hooks=[rec], replanning=Replanning(period_s=60.0)) as s:
+                       hooks=[rec], adaptation=hetsched.Adaptation(replanning=Replanning(period_s=60.0))) as s:
         for k in range(3):
             for _ in range(30):
                 await s.run({"x": x})

@@ -15,6 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import DeviceFailedError, Replanning, Session
 from hetsched._runtime._failover import Failover
 from hetsched.backends import (
@@ -88,7 +89,7 @@ async def test_a_replan_begun_before_a_device_failed_never_brings_it_back(anyio_
         devices = [fake_device("a", backend="fake-race", peak_flops=1e13),
                    fake_device("b", backend="fake-race", peak_flops=1e10)]
         async with Session(_chain(), devices=devices, policy=policy, max_in_flight=64,
-                           replanning=Replanning(quarantine_after=2)) as s:
+                           adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=2))) as s:
             assert {st.device for st in s.plan.stages} == {"a"}
             results: dict[int, np.ndarray] = {}
             errors: list[BaseException] = []
@@ -345,7 +346,7 @@ async def test_crashes_on_a_device_nothing_can_replace_still_cost_runs_not_reque
     register_backend(be.name, be)
     try:
         async with Session(_neg(), devices=[fake_device("npu", backend=be.name, kind="npu")],
-                           replanning=Replanning(quarantine_after=1)) as s:
+                           adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=1))) as s:
             with anyio.fail_after(30):
                 for _crash in range(3):
                     be.crash_at = {be.runs + 1}
@@ -366,7 +367,7 @@ async def test_a_device_failing_for_good_that_nothing_can_replace_fails_each_req
         anyio_backend: str) -> None:
     with FakeBackend("fake-sole-dead") as fb:
         async with Session(_chain(), devices=[fake_device("a", backend="fake-sole-dead")],
-                           replanning=Replanning(quarantine_after=2)) as s:
+                           adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=2))) as s:
             fb.fail_device("a")
             with anyio.fail_after(30):
                 for _ in range(3):

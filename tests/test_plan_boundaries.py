@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import Session, load_model
 from hetsched._planning.costs import BOUNDARY, BoundaryCosts, roofline
 from hetsched._planning.devices import resolve_devices
@@ -241,7 +242,7 @@ async def test_an_unchanged_twin_board_never_replans_on_drift(tmp_path: Path, mo
     x = np.random.default_rng(1).standard_normal([d.dim_value for d in inp.type.tensor_type.shape.dim])
     devices = resolve_devices(["gpu", "clusters"], root=root)
     replanning = Replanning(period_s=0.02, drift_min_runs=4, drift_grace_s=0.0, min_interval_s=0.0)
-    async with Session(model, devices=devices, root=root, replanning=replanning) as s:
+    async with Session(model, devices=devices, root=root, adaptation=hetsched.Adaptation(replanning=replanning)) as s:
         assert any(st.device == "gpu" for st in s.plan.stages)
         for _ in range(40):  # costs are learned in batches of 16 runs
             await s.run(None, {inp.name: x.astype(np.float32)})

@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import (
     DeviceFailedError,
     Event,
@@ -150,7 +151,7 @@ async def test_a_device_failing_for_good_is_quarantined_and_its_requests_retried
         devices = [fake_device("a", backend="fake-fo", peak_flops=1e13),
                    fake_device("b", backend="fake-fo", peak_flops=1e10)]
         async with Session(_chain(), devices=devices, hooks=[rec], max_in_flight=128,
-                           replanning=Replanning(quarantine_after=3)) as s:
+                           adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=3))) as s:
             assert set(s.plan.placement.assignment.values()) == {"a"}
             got: list[np.ndarray] = []
 
@@ -183,7 +184,7 @@ async def test_a_device_failing_for_good_is_quarantined_and_its_requests_retried
 async def test_a_failing_device_nothing_can_replace_fails_its_requests_without_hanging(anyio_backend: str) -> None:
     with FakeBackend("fake-fo1") as fb:
         async with Session(_chain(), devices=[fake_device("a", backend="fake-fo1")],
-                           replanning=Replanning(quarantine_after=2)) as s:
+                           adaptation=hetsched.Adaptation(replanning=Replanning(quarantine_after=2))) as s:
             fb.fail_device("a")
             with anyio.fail_after(30):
                 for _ in range(3):
@@ -200,7 +201,7 @@ async def test_a_failing_device_nothing_can_replace_fails_its_requests_without_h
 @pytest.mark.anyio
 async def test_without_replanning_a_device_failure_fails_the_request_once(anyio_backend: str) -> None:
     with FakeBackend("fake-fo2") as fb:
-        async with Session(_chain(), devices=[fake_device("a", backend="fake-fo2")], replanning=None) as s:
+        async with Session(_chain(), devices=[fake_device("a", backend="fake-fo2")], adaptation=hetsched.Adaptation(replanning=None)) as s:
             fb.fail_device("a")
             with pytest.raises(DeviceFailedError):
                 await s.run({"x": _x(1)})
@@ -346,7 +347,7 @@ def test_replanning_rejects_bad_thresholds() -> None:
     with pytest.raises(ValueError, match="quarantine_after"):
         Replanning(quarantine_after=0)
     with pytest.raises(TypeError, match="Replanning"):
-        Session(_chain(), replanning=0.5)  # type: ignore[arg-type]
+        Session(_chain(), adaptation=hetsched.Adaptation(replanning=0.5))  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio
@@ -388,7 +389,7 @@ async def test_background_compile_serves_at_once_then_switches_to_the_slow_devic
         slow.slow_compile = True  # type: ignore[attr-defined]  # as the RKNN backend declares
         devices = [fake_device("cpuish", backend="fake-quick", peak_flops=1e9),
                    fake_device("npuish", backend="fake-slow", peak_flops=1e13)]
-        async with Session(_chain(), devices=devices, hooks=[rec], background_compile=True) as s:
+        async with Session(_chain(), devices=devices, hooks=[rec], adaptation=hetsched.Adaptation(background_compile=True)) as s:
             # the opening plan leaves the slow backend's device out, and serves at once
             out = await s.run({"x": _x(3)})
             np.testing.assert_array_equal(out["y"], _expected(_x(3)))
@@ -400,6 +401,6 @@ async def test_background_compile_serves_at_once_then_switches_to_the_slow_devic
         assert {c.device for c in quick.calls} == {"cpuish"} and {c.device for c in slow.calls} == {"npuish"}
         assert [r.reason for r in rec.replans] == ["background compile: npuish ready"]
         # with only slow devices there is nothing to open on first: the plan is made at once
-        async with Session(_chain(), devices=[devices[1]], background_compile=True) as s:
+        async with Session(_chain(), devices=[devices[1]], adaptation=hetsched.Adaptation(background_compile=True)) as s:
             assert {st.device for st in s.plan.stages} == {"npuish"}
             assert (await s.wait_planned()) is s.plan

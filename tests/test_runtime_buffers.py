@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import BufferLeakError, EventInfo, Hooks, RuntimeStateError, Session, StageExecutionError
 from hetsched._runtime import BufferState
 from hetsched._runtime._scheduler import StageIO
@@ -293,7 +294,7 @@ async def test_outputs_match_onnxruntime_with_every_value_crossing_a_boundary() 
 async def test_a_full_pool_makes_stages_fall_back_instead_of_waiting() -> None:
     # room for two [4, 8] float buffers (128-byte size class) at a time in the host pool
     async with Session(_chain(), devices=DEVICES, policy=Pinned(_alternate), max_unit_nodes=1,
-                       pool_capacity_bytes=256) as s:
+                       memory=hetsched.Memory(pool_capacity_bytes=256)) as s:
         results: list[tuple[int, dict[str, np.ndarray]]] = []
 
         async def one(i: int) -> None:

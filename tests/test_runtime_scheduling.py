@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import Device, EventInfo, Hooks, Priority, Session
 from hetsched._runtime._clock import VirtualClock
 from hetsched.policies import Pinned
@@ -165,7 +166,7 @@ P = Priority
 async def test_most_urgent_first_fifo_within_a_priority() -> None:
     order = _Order(hold_device="cpu:0")
     prios = [P.BACKGROUND, P.NORMAL, P.HIGH, P.REALTIME, P.HIGH, P.BACKGROUND, P.NORMAL, P.REALTIME]
-    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], aging_s=None) as s:
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], scheduling=hetsched.Scheduling(aging_s=None)) as s:
         await _queue_behind_gate(s, order, prios, queued=len(prios))
     started = order.started["cpu:0"][1:]
     assert len(started) == len(prios)
@@ -178,7 +179,7 @@ async def test_most_urgent_first_fifo_within_a_priority() -> None:
 async def test_without_priorities_requests_start_in_admission_order() -> None:
     order = _Order(hold_device="cpu:0")
     prios = [P.BACKGROUND, P.REALTIME, P.NORMAL, P.HIGH, P.BACKGROUND]
-    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], priorities=False) as s:
+    async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], scheduling=hetsched.Scheduling(priorities=False)) as s:
         await _queue_behind_gate(s, order, prios, queued=len(prios))
     started = order.started["cpu:0"][1:]
     assert started == sorted(started)
@@ -193,7 +194,7 @@ async def test_aging_lets_a_long_waiting_background_request_go_first() -> None:
     for aging, waited_s, expect_first in cases:
         order = _Order(hold_device="cpu:0")
         clock = VirtualClock()
-        async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], aging_s=aging, clock=clock) as s:
+        async with Session(_two_stage(), devices=["cpu:0"], hooks=[order], scheduling=hetsched.Scheduling(aging_s=aging), clock=clock) as s:
             await _queue_behind_gate(s, order, [P.BACKGROUND, P.REALTIME, P.HIGH], queued=3,
                                      pause_after=0, clock=clock, advance_s=waited_s)
         started = order.started["cpu:0"][1:]

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import hetsched
 from hetsched import Device, Event, EventInfo, Hooks, Priority, Session, TransferError
 from hetsched._runtime import MemoryDomain, MemoryKind, Topology, TransferInfo, rate_limited_copy
 from hetsched.policies import Pinned
@@ -77,8 +78,8 @@ class _Log(Hooks):
 async def test_cross_domain_tensors_go_through_the_engine_intact() -> None:
     log = _Log()
     topo = Topology.discrete("host", ["acc"])
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo,
-                       hooks=[log], chunk_bytes=128 << 10) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=128 << 10),
+                       hooks=[log]) as s:
         assert [st.device for st in s.plan.stages] == ["host-cpu", "acc", "host-cpu"]
         outs = []
         async with anyio.create_task_group() as tg:
@@ -110,7 +111,7 @@ async def test_cross_domain_tensors_go_through_the_engine_intact() -> None:
 @pytest.mark.anyio
 async def test_shared_memory_domains_map_instead_of_copying() -> None:
     topo = Topology.unified("host", ["acc"])
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo)) as s:
         out = await s.run({"x": _x(1)})
         np.testing.assert_allclose(out["y"], _expected(_x(1))["y"], rtol=1e-5, atol=1e-4)
         st = s.statistics()
@@ -124,8 +125,7 @@ async def test_an_urgent_transfer_preempts_a_bulk_one_at_a_chunk_boundary() -> N
     topo = Topology.discrete("host", ["acc"])
     # 1 MiB at 16 MiB/s: ~60 ms per tensor, 64 KiB chunks of ~4 ms
     copy = rate_limited_copy(16 << 20)
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo, hooks=[log],
-                       chunk_bytes=64 << 10, copy_fn=copy) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=64 << 10, copy_fn=copy), hooks=[log]) as s:
         done: list[tuple[Priority, int]] = []
         results: dict[Priority, Any] = {}
 
@@ -156,8 +156,7 @@ async def test_an_urgent_transfer_preempts_a_bulk_one_at_a_chunk_boundary() -> N
 @pytest.mark.anyio
 async def test_priorities_off_means_no_transfer_preemption() -> None:
     topo = Topology.discrete("host", ["acc"])
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo,
-                       chunk_bytes=64 << 10, copy_fn=rate_limited_copy(64 << 20), priorities=False) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=64 << 10, copy_fn=rate_limited_copy(64 << 20)), scheduling=hetsched.Scheduling(priorities=False)) as s:
         async with anyio.create_task_group() as tg:
             for i, p in enumerate([Priority.BACKGROUND, Priority.HIGH, Priority.REALTIME]):
                 tg.start_soon(lambda p=p, i=i: s.run({"x": _x(i)}, priority=p))
@@ -169,8 +168,7 @@ async def test_priorities_off_means_no_transfer_preemption() -> None:
 async def test_cancelling_a_request_mid_transfer_returns_its_buffers() -> None:
     log = _Log()
     topo = Topology.discrete("host", ["acc"])
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo, hooks=[log],
-                       chunk_bytes=64 << 10, copy_fn=rate_limited_copy(8 << 20)) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=64 << 10, copy_fn=rate_limited_copy(8 << 20)), hooks=[log]) as s:
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.run, {"x": _x(0)})
             await anyio.to_thread.run_sync(log.first_transfer.wait)
@@ -200,8 +198,7 @@ async def test_a_failing_copy_fails_only_its_request() -> None:
         np.copyto(dst, src)
 
     topo = Topology.discrete("host", ["acc"])
-    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, topology=topo,
-                       chunk_bytes=1 << 20, copy_fn=flaky) as s:
+    async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=1 << 20, copy_fn=flaky)) as s:
         with pytest.raises(TransferError, match="DMA descriptor error"):
             for i in range(3):
                 await s.run({"x": _x(i)})
@@ -215,7 +212,7 @@ async def test_a_failing_copy_fails_only_its_request() -> None:
 @pytest.mark.anyio
 async def test_a_device_domain_missing_from_the_topology_is_named() -> None:
     with pytest.raises(TransferError, match="'acc'.*memory domain 'acc'"):
-        async with Session(_model(), devices=[HOST, ACC], topology=Topology.host_only()):
+        async with Session(_model(), devices=[HOST, ACC], memory=hetsched.Memory(topology=Topology.host_only())):
             pass
 
 

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import hetsched
 from hetsched import Device, Event, EventInfo, Hooks, Phase, Priority, Session
 from hetsched._runtime import Topology, rate_limited_copy
 from hetsched._session._trace_writer import TraceWriter
@@ -248,9 +249,8 @@ async def test_transfers_go_on_channel_tracks_with_preemption_instants(tmp_path:
     path = tmp_path / "xfer.json"
     first = _FirstTransfer()
     devices = [Device(name="host-cpu", cpus=(0,)), Device(name="acc", cpus=(1,), memory_domain="acc")]
-    async with Session(_transfer_model(), devices=devices, max_unit_nodes=1, topology=Topology.discrete("host", ["acc"]),
-                       policy=Pinned({"relu": "host-cpu", "neg": "acc", "sum": "host-cpu"}), hooks=[first],
-                       chunk_bytes=64 << 10, copy_fn=rate_limited_copy(16 << 20), trace=path) as s:
+    async with Session(_transfer_model(), devices=devices, max_unit_nodes=1, memory=hetsched.Memory(topology=Topology.discrete("host", ["acc"]), chunk_bytes=64 << 10, copy_fn=rate_limited_copy(16 << 20)),
+                       policy=Pinned({"relu": "host-cpu", "neg": "acc", "sum": "host-cpu"}), hooks=[first], trace=path) as s:
         x = np.ones((512, 512), np.float32)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: s.run({"x": x}, priority=Priority.BACKGROUND))

@@ -31,7 +31,7 @@ from .._errors import HetschedError
 from .._events import Event, EventInfo, HookDispatcher, ReplanInfo
 from .._runtime._failover import Failover
 from .._runtime._generation import Generation
-from .._runtime._scheduler import Scheduler
+from .._runtime._tenants import Tenant
 from .._runtime._workers import close_states
 from ._replan import ReplanFlags, Replanning, ReplanStatistics, decide_replan, drift_reason
 
@@ -54,7 +54,7 @@ class Adapter:
     """See the module docstring. Event-loop only, except :meth:`on_device_failed` and
     :meth:`on_drained` (any thread)."""
 
-    def __init__(self, *, config: Replanning | None, scheduler: Scheduler, dispatch: HookDispatcher,
+    def __init__(self, *, config: Replanning | None, scheduler: Tenant, dispatch: HookDispatcher,
                  plan_fn: PlanFn, install: InstallFn, sample: SampleFn, perf: Callable[[], float]):
         self.config = config
         self._scheduler = scheduler
@@ -270,7 +270,7 @@ class Adapter:
         if send is None:
             return
         item = (fn, args)
-        sch = self._scheduler
+        sch = self._scheduler.scheduler
         try:
             if threading.get_ident() == sch._loop_thread:
                 send.send_nowait(item)
@@ -387,7 +387,7 @@ class Adapter:
         planned = plan.stage_costs() if plan is not None else {}
         est: dict[str, float] = {}
         got: dict[str, tuple[float, int]] = {}
-        costs = self._scheduler._costs
+        costs = self._scheduler.costs
         for st in self._scheduler.stages:
             if st.sid in planned:
                 est[st.name] = float(planned[st.sid])

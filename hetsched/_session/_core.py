@@ -29,7 +29,8 @@ from .._errors import InputError, RuntimeStateError
 from .._events import Event, EventInfo, HookDispatcher, Priority
 from .._runtime._clock import Clock
 from .._runtime._domains import Topology
-from .._runtime._scheduler import Admission, CompletionSink, Request, Scheduler, StageRuntime
+from .._runtime._scheduler import CompletionSink, Request, Scheduler, StageRuntime
+from .._runtime._tenants import DEFAULT_SLO, Tenant
 from ._delivery import Outputs, deliver
 from ._feeds import FeedChecker
 
@@ -56,10 +57,11 @@ class CoreStream(Protocol):
 class SessionCore:
     """Admission, feed checks, submission, delivery and request counters of one session.
 
-    Created with its :class:`~hetsched.Session`; :meth:`open` gives it the scheduler and
-    admission bound of an opened session, :meth:`set_stages` the stages of each (re-)plan,
-    :meth:`close` ends it. Every method runs on the session's event loop except
-    :meth:`push` and :meth:`admission_key`, which device workers call too.
+    Created with its :class:`~hetsched.Session`; :meth:`open` gives it the session's tenant of
+    the runtime's scheduler (its plans, its admission limits: the session's ``max_in_flight``,
+    then the runtime's), :meth:`set_stages` the stages of each (re-)plan, :meth:`close` ends
+    it. Every method runs on the session's event loop except :meth:`push` and :meth:`admit`,
+    which device workers call too.
     """
 
     def __init__(self, dispatch: HookDispatcher, clock: Clock, max_in_flight: int):
@@ -77,8 +79,9 @@ class SessionCore:
         self._peak = 0
         self._streams: set[CoreStream] = set()
         self._ids = itertools.count(1)
+        self._tenant: Tenant | None = None
         self._scheduler: Scheduler | None = None
-        self._limiter: Admission | None = None
+        """The board's scheduler (the tenant's): its event-loop adapter wakes the loop."""
         self._feeds: FeedChecker | None = None
         self._constants: Mapping[str, Any] = {}
         self._output_source: Mapping[str, int | None] = {}
@@ -88,14 +91,14 @@ class SessionCore:
 
     # -- lifecycle (the Session) ----------------------------------------------------------
 
-    def open(self, scheduler: Scheduler, feeds: FeedChecker, outputs: Sequence[str],
+    def open(self, tenant: Tenant, feeds: FeedChecker, outputs: Sequence[str],
              constants: Mapping[str, Any]) -> None:
         """The session opened: requests may be admitted from now on."""
-        self._scheduler = scheduler
+        self._tenant = tenant
+        self._scheduler = tenant.scheduler
         self._feeds = feeds
         self._outputs = tuple(outputs)
         self._constants = constants
-        self._limiter = Admission(self.max_in_flight)
         self._open = True
 
     def set_stages(self, stages: Sequence[StageRuntime], output_source: Mapping[str, int | None],
@@ -119,22 +122,22 @@ class SessionCore:
     @property
     def generation(self) -> Any:
         """The plan generation new requests use (``_runtime._generation``), or None before opening."""
-        sch = self._scheduler
-        return sch.generation if sch is not None else None
+        tenant = self._tenant
+        return tenant.generation if tenant is not None else None
 
-    def require_open(self, call: str) -> Scheduler:
-        """The scheduler of the open session.
+    def require_open(self, call: str) -> Tenant:
+        """The tenant of the open session.
 
         :raises RuntimeStateError: the session is not open (the message names ``call``).
         """
-        sch = self._scheduler
-        if not self._open or sch is None:
+        sch, tenant = self._scheduler, self._tenant
+        if not self._open or sch is None or tenant is None:
             raise RuntimeStateError(f"Session is not open: use 'async with Session(...)' before {call}")
         if threading.get_ident() != sch._loop_thread:
             raise RuntimeStateError(
                 f"{call}: this Session was opened on an event loop in another thread; use it from the "
                 "loop that entered 'async with Session(...)' (or a SyncSession from plain threads)")
-        return sch
+        return tenant
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -165,34 +168,33 @@ class SessionCore:
 
     # -- admission ------------------------------------------------------------------------
 
-    async def acquire(self) -> None:
-        """One admission slot, waiting first come first served when none is free.
+    async def acquire(self, priority: int = int(Priority.NORMAL)) -> None:
+        """One admission slot: the session's (first come first served), then the runtime's
+        (the most urgent waiter first); waits only when there is no room.
 
-        :raises RuntimeStateError: the session was never opened.
+        :raises RuntimeStateError: the session was never opened, or is closing.
         """
-        limiter = self._limiter
-        if limiter is None:
+        tenant = self._tenant
+        if tenant is None:
             raise RuntimeStateError("Session is not open: use 'async with Session(...)'")
-        if not limiter.try_acquire():
-            await limiter.acquire()
+        await tenant.acquire(priority)
 
     def try_acquire(self) -> bool:
         """One more admission slot if one is free now (never waits)."""
-        limiter = self._limiter
-        return limiter is not None and limiter.try_acquire()
+        tenant = self._tenant
+        return tenant is not None and tenant.try_acquire()
 
     def release(self, slots: int = 1) -> None:
         """Give ``slots`` admission slots back."""
-        limiter = self._limiter
-        if limiter is not None:
-            for _ in range(slots):
-                limiter.release()
+        tenant = self._tenant
+        if tenant is not None:
+            tenant.release(slots)
 
     @property
     def slots_in_use(self) -> int:
         """Admission slots held now (by ``run()`` callers and open streams)."""
-        limiter = self._limiter
-        return limiter.active if limiter is not None else 0
+        tenant = self._tenant
+        return tenant.slots_in_use if tenant is not None else 0
 
     def worker_threads(self) -> int:
         """Device worker threads of the open session (at least 1)."""
@@ -210,13 +212,13 @@ class SessionCore:
     # -- run() requests -------------------------------------------------------------------
 
     async def execute(self, feeds: dict[str, Any], wanted: Sequence[str], priority: int,
-                      zero_copy: bool) -> dict[str, Any] | Outputs:
+                      zero_copy: bool, slo_s: Any = DEFAULT_SLO) -> dict[str, Any] | Outputs:
         """Run one request holding an admission slot the caller acquired; counted here.
 
         :raises StageExecutionError, TransferError: the request failed.
         :raises InputError: a wanted output is an optional input that was not fed.
         """
-        sch = self._scheduler
+        sch = self._tenant
         assert sch is not None
         rid = next(self._ids)
         self.started += 1
@@ -228,7 +230,8 @@ class SessionCore:
         error: BaseException | None = None
         req: Request | None = None
         try:
-            req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy)
+            req = sch.new_request(rid, priority, sch.program(wanted, tuple(feeds)), feeds, copy_out=not zero_copy,
+                                  slo_s=slo_s)
             await sch.execute(req)
             result = self.deliver(req, zero_copy)
             self.completed += 1
@@ -252,7 +255,7 @@ class SessionCore:
 
         :raises InputError: a wanted output is an optional input that was not fed.
         """
-        sch = self._scheduler
+        sch = self._tenant
         assert sch is not None
         result, copied = deliver(sch.take_outputs(req), zero_copy, self._constants)
         if copied:
@@ -265,22 +268,22 @@ class SessionCore:
                     sink: CompletionSink) -> Request:
         """A request for ``sink`` to admit later (:meth:`push`): nobody awaits it, ``sink`` is
         told when it finishes. Counted as started when the sink folds its admissions in."""
-        sch = self._scheduler
+        sch = self._tenant
         assert sch is not None
         req = sch.new_request(next(self._ids), priority, sch.program(wanted, tuple(feeds)), feeds,
                               copy_out=not zero_copy, waiter=None)
         req.sink = sink
         return req
 
-    def admission_key(self, priority: int) -> float:
-        """The queue key of a request admitted now (any thread): FIFO and aging count from here."""
-        sch = self._scheduler
-        assert sch is not None
-        return sch.admission_key(priority)
+    def admit(self, req: Request) -> None:
+        """Stamp ``req``'s admission now (any thread): FIFO, aging and its deadline count from here."""
+        tenant = self._tenant
+        assert tenant is not None
+        tenant.admit(req)
 
     def push(self, req: Request) -> None:
         """Queue an admitted request's first stages (any thread)."""
-        sch = self._scheduler
+        sch = self._tenant
         assert sch is not None
         sch.push_initial(req)
 

@@ -1,23 +1,26 @@
 """``Session``: plan a model across devices, compile its stages, serve many requests at once.
 
-The runtime underneath (``hetsched._runtime``): one :class:`BufferPool` per memory
-domain, a :class:`TransferEngine` between domains that do not share memory, and a
-:class:`Scheduler` with per-device worker threads fed by priority queues (see
-``hetsched/_runtime/_scheduler.py`` for the flow of one request).
+A Session is composed of three parts, none of them a base class of another:
 
-What lives where: the Session wires (this module: lifecycle, planning and re-planning,
-statistics, the public calls); everything a request goes through once the session is open is
-the session core (``hetsched/_session/_core.py``), shared by ``run()`` and ``map()`` streams
-(``hetsched/_session/_stream.py``); feed checks, delivery and its zero-copy contract, profiling, setup
-helpers and :class:`~hetsched.SyncSession` have their own modules (``_feeds``, ``_delivery``,
-``_profiling``, ``_setup``, ``_sync``).
+* a :class:`~hetsched.Runtime` (``hetsched/_session/_runtime.py``): the board's devices, device
+  workers, pools and transfer engine, shared by every session attached to it (``runtime=``),
+  or opened by the session for itself;
+* its lifecycle (``hetsched/_session/_lifecycle.py``): opening and closing, planning,
+  compiling and installing plans, the adapter that re-plans while serving;
+* its core (``hetsched/_session/_core.py``): admission, feed checks, submission, delivery and
+  the request counters, shared by ``run()`` and ``map()`` streams (``_stream``).
+
+This module holds the public calls. Feed checks, delivery and its zero-copy contract,
+profiling, setup helpers and :class:`~hetsched.SyncSession` have their own modules
+(``_feeds``, ``_delivery``, ``_profiling``, ``_setup``, ``_sync``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
-from types import MappingProxyType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import anyio
@@ -25,32 +28,39 @@ import numpy as np
 import onnx
 
 from hetsched.backends import Device
+from hetsched.policies import PlacementPolicy
 
+from .._compat import Self
 from .._errors import RuntimeStateError
-from .._events import Priority
+from .._events import Event, HookDispatcher, Priority
 from .._planning.costs import CostTable
+from .._planning.graph import GraphIndex
+from .._planning.model import ModelSource
 from .._planning.plan import Plan
 from .._runtime._buffers import BufferPool
+from .._runtime._clock import Clock, SystemClock
 from .._runtime._domains import Topology
-from ._core import priority_value
+from .._runtime._scheduler import StageRuntime
+from .._runtime._tenants import DEFAULT_SLO
+from ._core import SessionCore, priority_value
 from ._delivery import Outputs
 from ._feeds import random_feeds
-from ._lifecycle import SessionBase
+from ._lifecycle import Lifecycle
+from ._options import Adaptation, Memory, Scheduling
 from ._profiling import profile_units
 from ._replan import ReplanStatistics
-from ._setup import (
-    compile_counters,
-)
+from ._runtime import Runtime
+from ._setup import compile_counters
 from ._statistics import SessionStatistics, energy_fields
 from ._stream import ResultStream
 
 if TYPE_CHECKING:
-    pass
+    from ._trace import SessionTrace
 
 __all__ = ["Session", "SessionStatistics"]
 
 
-class Session(SessionBase):
+class Session:
     """Run an ONNX model across devices, many requests at once.
 
     ::
@@ -83,62 +93,55 @@ class Session(SessionBase):
 
     :param model: a path, bytes, an ``onnx.ModelProto`` or the name of an embedded model
         (``"light_squeezenet"``, as the CLI accepts; see :func:`hetsched.load_model`).
-    :param devices: device specs or :class:`Device` objects (default: the host's CPU clusters).
+    :param devices: device specs or :class:`Device` objects (default: the host's CPU clusters);
+        with ``runtime=``, names of the runtime's devices to plan over (default: all of them).
     :param policy: a policy object, function or name (default ``PowerThermalWeighted()``).
-    :param max_unit_nodes: cut unit subgraphs to at most this many nodes (1 = one node each).
-    :param root: the filesystem root for hardware discovery and ``dev/dma_heap`` (a twin's root in tests).
+    :param root: the filesystem root for hardware discovery and ``dev/dma_heap`` (a twin's root
+        in tests; default ``"/"``, or the runtime's).
+    :param shapes: ``{input name: dims}`` fixing free dimensions for backends that need static
+        shapes (passed to each compile in the device's options under ``"shapes"``).
     :param hooks: objects with :class:`Hooks` methods.
     :param governor: a DVFS governor (anything with ``on_phase``, e.g. an entered
         :class:`hetsched.Governor`): the session then emits PREPROCESS / INFER /
-        POSTPROCESS / IDLE itself (see :class:`hetsched.GovernorHooks`).
-    :param device_states: utilisation / headroom per device fed to the policy.
-    :param costs: a :class:`CostTable` of measured costs (one is created otherwise).
-    :param max_in_flight: requests admitted at once; more wait (backpressure).
-    :param learn_costs: fold every stage run's time into :attr:`costs` (in batches of 16 runs per
-        stage, and whatever is left when the workers stop).
-    :param topology: the memory domains and which share DRAM. Default: the host and every
-        device's ``memory_domain`` share memory (a unified-memory SoC, or this host), so no
-        tensor is ever copied between stages. With domains that do not share memory, tensors
-        crossing them go through the transfer engine at the request's priority.
-    :param priorities: False = plain FIFO by admission (for comparison); priorities are then
-        ignored by the device queues and by the transfer channels.
-    :param aging_s: seconds of waiting worth one priority level (a BACKGROUND request that waited
-        ``3 * aging_s`` longer than a REALTIME one goes first); None = no aging.
-    :param chunk_bytes: transfer granularity, i.e. how soon an urgent copy takes a busy channel.
-    :param copy_fn: the transfer engine's chunk copy (e.g. ``rate_limited_copy`` to model a board link).
-    :param pool_capacity_bytes: bound on the bytes each memory domain's pool holds (one value for
-        all, or per domain name; default unbounded). A stage that finds its pool full does not
-        wait: that run writes into backend-allocated outputs instead (``stage_runs_unbound``); a
-        transfer into a full domain waits for room (backpressure).
-    :param clock: the clock the runtime reads for admission times (FIFO order and aging), the
-        deadline of a coalesced wake-up, stage timings and hook timestamps (default: the
-        system's; a test passes a ``VirtualClock`` (``hetsched/_runtime/_clock.py``) and advances it
-        by hand, so nothing it checks depends on how fast the machine is).
-    :param shapes: ``{input name: dims}`` fixing free dimensions for backends that need static
-        shapes (passed to each compile in the device's options under ``"shapes"``).
-    :param replanning: how the session adapts while serving (:class:`hetsched.Replanning`: board
-        sampling period, thermal/power thresholds with hysteresis, cost drift factor, failures
-        that quarantine a device); None: the plan made at opening stays (and a failing stage
-        fails its request, nothing is retried).
-    :param power_budget_w: the board power the policy's ``power_headroom`` is measured against
-        (rails where measured, the SoC model where estimated); default: the governor's
-        ``power_budget_w`` when a governor is given, else no budget (headroom 1).
-    :param background_compile: open fast: devices whose backend compiles slowly (the RKNN
-        toolkit starts a process and converts or reloads each stage) are left out of the opening
-        plan when the other devices can run the whole model, so the session serves at once; the
-        plan with every device is compiled in the background and switched to when ready
-        (``Event.REPLAN``, reason ``"background compile: ..."``; :meth:`wait_planned` waits for it).
-    :param calibration: feed dicts for the model's graph inputs (an iterable, read once here, at
-        most 64 used): NPU stages are quantized to INT8 (w8a8) and calibrated with the tensors
-        their upstream stages produce for these feeds (computed on the host by onnxruntime); each
-        NPU stage's accuracy against fp32 onnxruntime is measured on them (``statistics()`` of the
-        stage). Without it NPU stages stay fp16.
+        POSTPROCESS / IDLE itself (see :class:`hetsched.GovernorHooks`). With ``runtime=``,
+        give the governor to the runtime instead (one per board).
     :param trace: write a Chrome trace event JSON file here (opens in Perfetto's UI and
         chrome://tracing; see ``hetsched/_session/_trace.py``): a slice per stage run on its device's worker
         thread, requests, transfers per channel, governor phases, re-plans, and counters for every
         clock, thermal zone and rail of ``root`` sampled every 0.1 s. Written incrementally (bounded
         memory) and closed on every exit path; with a trace on, ``map()`` streams take the general
         path (the trace listens to ``REQUEST_START``/``REQUEST_END``). None: no trace hook is registered.
+    :param clock: the clock the runtime reads for admission times (FIFO order and aging), the
+        deadline of a coalesced wake-up, stage timings and hook timestamps (default: the
+        system's, or the runtime's; a test passes a ``VirtualClock``
+        (``hetsched/_runtime/_clock.py``) and advances it by hand, so nothing it checks depends on
+        how fast the machine is).
+    :param max_unit_nodes: cut unit subgraphs to at most this many nodes (1 = one node each).
+    :param max_in_flight: the session's requests admitted at once; more wait (backpressure).
+    :param costs: a :class:`CostTable` of measured costs (one is created otherwise).
+    :param calibration: feed dicts for the model's graph inputs (an iterable, read once here, at
+        most 64 used): NPU stages are quantized to INT8 (w8a8) and calibrated with the tensors
+        their upstream stages produce for these feeds (computed on the host by onnxruntime); each
+        NPU stage's accuracy against fp32 onnxruntime is measured on them (``statistics()`` of the
+        stage). Without it NPU stages stay fp16.
+    :param runtime: an open :class:`hetsched.Runtime` to attach to (its devices, workers, pools,
+        transfer engine and governor are shared with its other sessions). None: the session
+        opens a private runtime of its own and closes it with itself.
+    :param slo_s: the default SLO of the session's requests, in seconds from admission: a
+        scheduling deadline (requests closer to theirs go first within a priority class; one
+        that can no longer meet it is flagged and counted), never a cancellation. None: no SLO.
+    :param weight: the session's share of the devices against other sessions' requests of the
+        same class without SLO (weighted fair queuing; 1.0 each by default).
+    :param name: the session's name in the runtime's statistics (default: the model's file
+        name, or ``session-N``; made unique).
+    :param scheduling: how the device queues order stages (:class:`hetsched.Scheduling`); only
+        without ``runtime=`` (a runtime's scheduling is the runtime's).
+    :param memory: memory domains, pools and transfers (:class:`hetsched.Memory`); only without
+        ``runtime=``.
+    :param adaptation: re-planning, the background compile, learned costs, the power budget
+        and device states fed to the policy (:class:`hetsched.Adaptation`).
+    :raises ValueError: a bad ``max_in_flight``, ``slo_s`` or ``weight``; ``scheduling``,
+        ``memory``, ``governor``, ``root`` or ``clock`` given with a ``runtime`` they would contradict.
     :raises ModelError: the model could not be loaded (on ``__aenter__``), or a calibration feed
         misses a graph input.
     :raises PartitionError, PlacementError, DeviceSpecError, CompileError: planning failed.
@@ -147,15 +150,154 @@ class Session(SessionBase):
         :class:`Outputs`); the message names the stages that produced them.
     """
 
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        devices: Sequence[str | Device] | str | None = None,
+        policy: PlacementPolicy | str | Callable[..., Any] | None = None,
+        root: str | os.PathLike[str] | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        hooks: Sequence[object] = (),
+        governor: Any = None,
+        trace: str | os.PathLike[str] | None = None,
+        clock: Clock | None = None,
+        max_unit_nodes: int | None = None,
+        max_in_flight: int = 64,
+        costs: CostTable | None = None,
+        calibration: Iterable[Mapping[str, Any]] | None = None,
+        runtime: Runtime | None = None,
+        slo_s: float | None = None,
+        weight: float = 1.0,
+        name: str | None = None,
+        scheduling: Scheduling | None = None,
+        memory: Memory | None = None,
+        adaptation: Adaptation = Adaptation(),  # noqa: B008 (frozen: one shared value)
+    ):
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        if slo_s is not None and not (isinstance(slo_s, (int, float)) and 0 < slo_s < float("inf")):
+            raise ValueError(f"slo_s must be a positive number of seconds or None, got {slo_s!r}")
+        if not (isinstance(weight, (int, float)) and 0 < weight < float("inf")):
+            raise ValueError(f"weight must be a positive number, got {weight!r}")
+        if not isinstance(adaptation, Adaptation):
+            raise TypeError(f"adaptation must be a hetsched.Adaptation, got {type(adaptation).__name__}")
+        for arg, value, kind in (("scheduling", scheduling, Scheduling), ("memory", memory, Memory)):
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(f"{arg} must be a hetsched.{kind.__name__}, got {type(value).__name__}")
+        if runtime is not None:
+            if not isinstance(runtime, Runtime):
+                raise TypeError(f"runtime must be a hetsched.Runtime, got {type(runtime).__name__}")
+            clash = [arg for arg, value in (("scheduling", scheduling), ("memory", memory), ("governor", governor))
+                     if value is not None]
+            if clash:
+                raise ValueError(f"{', '.join(clash)} belong(s) to the Runtime a session attaches to (one per "
+                                 "board): give them to hetsched.Runtime(...)")
+            if root is not None and os.fspath(root) != os.fspath(runtime.root):
+                raise ValueError(f"root {os.fspath(root)!r} is not the runtime's ({os.fspath(runtime.root)!r})")
+            if clock is not None and clock is not runtime.clock:
+                raise ValueError("clock: a session attached to a Runtime reads the runtime's clock")
+            root, clock = runtime.root, runtime.clock
+            governor_hooks = runtime.governor_hooks
+            if governor_hooks is not None:
+                hooks = [*hooks, governor_hooks]
+        else:
+            root = "/" if root is None else root
+            if governor is not None:
+                from ._governed import GovernorHooks
+
+                hooks = [*hooks, GovernorHooks(governor)]
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._trace: SessionTrace | None = None
+        if trace is not None:
+            from ._trace import SessionTrace
+
+            self._trace = SessionTrace(trace, clock=self._clock, root=root)
+            hooks = self._trace.wrap_hooks(hooks)
+        self._dispatch = HookDispatcher(hooks)
+        self.costs = costs if costs is not None else CostTable()
+        self._slo_s = slo_s
+        self._core = SessionCore(self._dispatch, self._clock, max_in_flight)
+        if name is None and isinstance(model, (str, os.PathLike)):
+            name = os.path.basename(os.fspath(model)).removesuffix(".onnx") or None
+        self._life = Lifecycle(
+            source=model, devices=devices, policy=policy, max_unit_nodes=max_unit_nodes, root=root,
+            dispatch=self._dispatch, clock=self._clock, core=self._core, costs=self.costs, shapes=shapes,
+            calibration=calibration, adaptation=adaptation, runtime=runtime,
+            scheduling=scheduling if scheduling is not None else Scheduling(),
+            memory=memory if memory is not None else Memory(), name=name, weight=float(weight), slo_s=slo_s,
+            max_in_flight=max_in_flight, trace=self._trace, energy=self._energy_j, governor=governor)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        life = self._life
+        if self._core.is_open or life.opening:
+            raise RuntimeStateError("Session is already open (or being opened by another task)")
+        life.opening = True
+        try:
+            await life.open()
+        finally:
+            life.opening = False
+        self._core.emit(Event.SESSION_START)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        leak = await self._life.close(exc)
+        if leak is not None and exc is None:
+            raise leak
+        trace = self._trace
+        if exc is None and trace is not None and trace.failure is not None:
+            raise trace.failure  # a full disk: every request was answered, the trace is cut (issue 23)
+
+    @property
+    def name(self) -> str | None:
+        """The session's name in its runtime's statistics (unique there once open)."""
+        return self._life.name
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime the open session runs on (the shared one, or its private one).
+
+        :raises RuntimeStateError: the session is not open.
+        """
+        rt = self._life.runtime
+        if rt is None:
+            raise RuntimeStateError("Session.runtime is available inside 'async with Session(...)'")
+        return rt
+
+    # the parts other layers read (tests, the CLI's compile report)
+
+    @property
+    def _stages(self) -> list[StageRuntime]:
+        return self._life.stages
+
+    @property
+    def _index(self) -> GraphIndex | None:
+        return self._life.index
+
+    def _require_index(self) -> GraphIndex:
+        return self._life.require_index()
+
+    def _energy_j(self) -> float | None:
+        """Joules of the session's stage runs so far (its statistics' ``energy_j``)."""
+        adapter = self._life.adapter
+        if adapter is None:
+            return None
+        energy: float | None = adapter.board_figures(self._life.stages)["energy_j"]
+        return energy
+
     async def wait_planned(self) -> Plan:
-        """Wait until the plan compiled in the background (``background_compile``) is in place,
-        or failed (the opening plan then stays), and return the plan in use.
+        """Wait until the plan compiled in the background (``Adaptation.background_compile``) is
+        in place, or failed (the opening plan then stays), and return the plan in use.
 
         :raises RuntimeStateError: the session is not open.
         """
         self._core.require_open("wait_planned()")
-        assert self._adapter is not None
-        await self._adapter.wait_background()
+        adapter = self._life.adapter
+        assert adapter is not None
+        await adapter.wait_background()
         return self.plan
 
     async def replan(self, *, reason: str = "requested", use_costs: bool = True) -> Plan:
@@ -172,8 +314,9 @@ class Session(SessionBase):
             place keeps serving.
         """
         self._core.require_open("replan()")
-        assert self._adapter is not None
-        plan: Plan = await self._adapter.replan(reason, use_costs=use_costs)
+        adapter = self._life.adapter
+        assert adapter is not None
+        plan: Plan = await adapter.replan(reason, use_costs=use_costs)
         return plan
 
     # -- public API -------------------------------------------------------------------
@@ -181,25 +324,29 @@ class Session(SessionBase):
     @property
     def plan(self) -> Plan:
         """The current plan: stages, placement and the score terms that decided it."""
-        if self._plan is None:
+        plan = self._life.plan
+        if plan is None:
             raise RuntimeStateError("Session.plan is available inside 'async with Session(...)'")
-        return self._plan
+        return plan
 
     @property
     def devices(self) -> list[Device]:
-        return list(self._devices)
+        """The devices the session plans over."""
+        return list(self._life.devices)
 
     @property
     def topology(self) -> Topology:
-        """The memory domains in use and which of them share memory."""
-        if self._topology is None:
+        """The memory domains in use and which of them share memory (the runtime's)."""
+        rt = self._life.runtime
+        if rt is None or not rt.is_open:
             raise RuntimeStateError("Session.topology is available inside 'async with Session(...)'")
-        return self._topology
+        return rt.topology
 
     @property
     def pools(self) -> Mapping[str, BufferPool]:
-        """The buffer pool of each memory domain, by domain name."""
-        return MappingProxyType(self._pools)
+        """The buffer pool of each memory domain, by domain name (the runtime's)."""
+        rt = self._life.runtime
+        return rt.pools if rt is not None else MappingProxyType({})
 
     def get_inputs(self) -> list[onnx.ValueInfoProto]:
         """Inputs that must be fed (graph inputs without an initializer), as onnxruntime lists them."""
@@ -219,24 +366,35 @@ class Session(SessionBase):
         """
         self._require_index()
         out: dict[str, Any] = {}
-        for st in self._stages:
+        for st in self._life.stages:
             stats = getattr(st.compiled, "statistics", None)
             out[st.spec.name] = stats() if callable(stats) else None
         return out
 
     def statistics(self) -> SessionStatistics:
-        """A snapshot of requests, stage runs, the pools and the transfer engine."""
-        sch = self._scheduler
-        core = self._core
+        """A snapshot of requests, stage runs, the pools and the transfer engine.
+
+        The stage-run counters of the board (``stage_runs_bound``, ``wakeups_coalesced``, ...)
+        and the pools and transfers are the runtime's: with a shared :class:`Runtime` they count
+        every session's; the request counters, ``stage_runs``, energy and busy time are this
+        session's own.
+        """
+        life, core = self._life, self._core
+        rt = life.runtime
+        sch = rt._scheduler if rt is not None else None
+        tenant = life.tenant
+        adapter = life.adapter
+        stages = life.stages
+        tstats = tenant.statistics() if tenant is not None else None
         return SessionStatistics(
             requests_started=core.started,
             requests_completed=core.completed,
             requests_failed=core.failed,
             requests_cancelled=core.cancelled,
             in_flight=core.in_flight,
-            stage_runs=self._retired_runs + (sum(w.runs for w in sch.unique_workers()) if sch is not None else 0),
-            stages=len(self._stages),
-            devices=len(sch.workers) if sch is not None else 0,
+            stage_runs=tstats.stage_runs if tstats is not None else 0,
+            stages=len(stages),
+            devices=len(life.devices) if core.is_open else 0,
             max_in_flight=core.max_in_flight,
             peak_in_flight=core.peak_in_flight,
             queued_stages=sch.queued() if sch is not None else 0,
@@ -244,44 +402,50 @@ class Session(SessionBase):
             stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
             stage_runs_to_caller=sch.stage_runs_to_caller if sch is not None else 0,
             wakeups_coalesced=sch.wakeups_coalesced if sch is not None else 0,
-            unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in self._stages
-                                             if not st.bound}),
+            unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in stages if not st.bound}),
             bytes_copied_to_caller=core.bytes_copied + (sch.bytes_to_caller if sch is not None else 0),
             bytes_staged=sch.bytes_staged if sch is not None else 0,
-            pools=MappingProxyType({name: p.statistics() for name, p in self._pools.items()}),
-            transfers=self._engine.statistics() if self._engine is not None else None,
-            compile=compile_counters(self._devices, since=self._compile_base, refused=len(self._refusals)),
-            **(self._adapter.board_figures(self._stages) if self._adapter is not None
-               else energy_fields(None, self._stages, 0.0, {})),
-            replanning=self._adapter.statistics() if self._adapter is not None else ReplanStatistics(),
-            failover=(self._adapter.failover.statistics()
-                      if self._adapter is not None and self._adapter.failover is not None else None),
+            pools=MappingProxyType({name: p.statistics() for name, p in self.pools.items()}),
+            transfers=rt.engine.statistics() if rt is not None and rt.engine is not None else None,
+            compile=compile_counters(life.devices, since=life.compile_base, refused=len(life.refusals)),
+            **(adapter.board_figures(stages) if adapter is not None else energy_fields(None, stages, 0.0, {})),
+            replanning=adapter.statistics() if adapter is not None else ReplanStatistics(),
+            failover=(adapter.failover.statistics()
+                      if adapter is not None and adapter.failover is not None else None),
             allocation_failures=sch.allocation_failures if sch is not None else 0,
             worker_states_renewed=sch.states_renewed if sch is not None else 0,
+            slo_s=self._slo_s,
+            slo_met=tstats.slo_met if tstats is not None else 0,
+            slo_missed=tstats.slo_missed if tstats is not None else 0,
+            slo_flagged=tstats.slo_flagged if tstats is not None else 0,
         )
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
-                  priority: Priority | int = ..., zero_copy: Literal[False] = False) -> dict[str, np.ndarray]: ...
+                  priority: Priority | int = ..., zero_copy: Literal[False] = False,
+                  slo_s: float | None = ...) -> dict[str, np.ndarray]: ...
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
-                  priority: Priority | int = ..., zero_copy: Literal[True]) -> Outputs: ...
+                  priority: Priority | int = ..., zero_copy: Literal[True],
+                  slo_s: float | None = ...) -> Outputs: ...
 
     @overload
     async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
-                  priority: Priority | int = ..., zero_copy: Literal[False] = False) -> list[np.ndarray]: ...
+                  priority: Priority | int = ..., zero_copy: Literal[False] = False,
+                  slo_s: float | None = ...) -> list[np.ndarray]: ...
 
     @overload
     async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
-                  priority: Priority | int = ..., zero_copy: Literal[True]) -> Outputs: ...
+                  priority: Priority | int = ..., zero_copy: Literal[True],
+                  slo_s: float | None = ...) -> Outputs: ...
 
     @overload
     async def run(self, *args: Any, priority: Priority | int = ..., zero_copy: bool = ...,
-                  **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs: ...
+                  slo_s: float | None = ..., **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs: ...
 
     async def run(self, *args: Any, priority: Priority | int = Priority.NORMAL, zero_copy: bool = False,
-                  **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs:
+                  slo_s: Any = DEFAULT_SLO, **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs:
         """Run one request.
 
         ``await s.run(feeds)`` returns ``{output name: array}`` (``output_names=`` picks
@@ -295,12 +459,16 @@ class Session(SessionBase):
 
         :param priority: :class:`Priority` (or its int); more urgent requests' stages start
             first on every device and their transfers preempt less urgent ones.
+        :param slo_s: this request's SLO in seconds from admission (default: the session's
+            ``slo_s``; None: none): a scheduling deadline, never a cancellation (cancel with an
+            anyio scope). A request that cannot meet it any more is flagged, served after those
+            that can, and counted in ``statistics().slo_missed``.
         :raises InputError: unknown or missing input, wrong dtype or shape (names the input).
         :raises StageExecutionError: a stage failed (names stage and device); other
             requests are unaffected.
         :raises TransferError: moving a tensor between memory domains failed.
         :raises RuntimeStateError: the session is not open.
-        :raises ValueError: ``priority`` is not a :class:`Priority`.
+        :raises ValueError: ``priority`` is not a :class:`Priority`; ``slo_s`` is not positive.
         :raises TypeError: neither calling form.
         """
         if len(args) == 1 and not kwargs:  # the common form, parsed without the generic path
@@ -322,9 +490,11 @@ class Session(SessionBase):
         checked = core.check_feeds(feeds)
         wanted = core.wanted(output_names)
         prio = priority_value(priority)
-        await core.acquire()
+        if slo_s is not DEFAULT_SLO and slo_s is not None and not (isinstance(slo_s, (int, float)) and slo_s > 0):
+            raise ValueError(f"slo_s must be a positive number of seconds or None, got {slo_s!r}")
+        await core.acquire(prio)
         try:
-            result = await core.execute(checked, wanted, prio, zero_copy)
+            result = await core.execute(checked, wanted, prio, zero_copy, slo_s)
         finally:
             core.release()
         if ort_form and not zero_copy:
@@ -382,7 +552,6 @@ class Session(SessionBase):
         checked = core.check_feeds(feeds) if feeds is not None else random_feeds(index)
         measure = functools.partial(profile_units, perf_counter=self._clock.perf_counter)
         await anyio.to_thread.run_sync(measure, index, plan, checked, repeats, self.costs, progress)
-        await self._stop_workers()
-        await self._replan(use_costs=True)
-        self._start_workers()
+        # re-placed with the measurements while serving (other sessions of a shared runtime too)
+        await self.replan(reason="profile: measured every unit", use_costs=True)
         return self.costs

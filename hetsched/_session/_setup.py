@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -20,9 +21,9 @@ from onnx import numpy_helper
 from hetsched.backends import CompiledStage, Device, get_backend
 
 from .._compat import add_note
-from .._errors import CompileError, TransferError
+from .._errors import CompileError, RuntimeStateError, TransferError
 from .._events import CompileInfo, Event, EventInfo, HookDispatcher, Priority
-from .._planning.costs import STAGE_OVERHEAD_S, analytic_node_costs
+from .._planning.costs import analytic_node_costs, device_seconds
 from .._planning.fold import fold_shape_arithmetic, shape_boundaries
 from .._planning.graph import GraphIndex
 from .._planning.model import ModelSource, load_model, with_input_shapes
@@ -136,10 +137,20 @@ class CompileEvents:
     """Fires ``BEFORE_COMPILE``/``AFTER_COMPILE`` around each compile, in the compile's thread;
     with nobody listening a compile is called bare (one falsy check)."""
 
-    def __init__(self, dispatch: HookDispatcher, clock: Clock):
+    def __init__(self, dispatch: HookDispatcher, clock: Clock, *, cancel: threading.Event | None = None):
         self._before = dispatch.listeners[Event.BEFORE_COMPILE]
         self._after = dispatch.listeners[Event.AFTER_COMPILE]
         self._clock = clock
+        self.cancel = cancel
+        """Set: the session is closing, so no further compile starts (one under way finishes)."""
+
+    def check_cancelled(self) -> None:
+        """Refuse to start a compile once the session started closing.
+
+        :raises RuntimeStateError: it did (the plan being made is abandoned; its stages are closed).
+        """
+        if self.cancel is not None and self.cancel.is_set():
+            raise RuntimeStateError("the session is closing: the plan being compiled is abandoned")
 
     def around(self, compile_fn: Callable[[], CompiledStage], info: CompileInfo) -> CompiledStage:
         """``compile_fn()`` between the two events; ``AFTER_COMPILE`` carries its error, if any.
@@ -194,6 +205,8 @@ def _compile_batch(index: GraphIndex, jobs: Sequence[tuple[StageSpec, Device]], 
     total = len(jobs)
 
     def one(k: int) -> CompiledStage:
+        if events is not None:
+            events.check_cancelled()
         spec, dev = jobs[k]
         if trial:
             dev = dataclasses.replace(dev, options={**dev.options, "trial": True})
@@ -245,7 +258,7 @@ def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[in
         dev = by_name[spec.device]
         flops = sum(node_costs[n].flops for n in spec.nodes)
         nbytes = sum(node_costs[n].bytes for n in spec.nodes)
-        est = max(flops / dev.peak_flops, nbytes / dev.mem_bandwidth) + STAGE_OVERHEAD_S
+        est = device_seconds(dev, flops, nbytes)  # the planner's one time model (issue 24)
         rt = StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain)
         reason = getattr(res, "unbound_reason", None)
         if not rt.bound and isinstance(reason, str) and reason:

@@ -15,7 +15,8 @@ from hetsched.policies import DeviceState
 from .._errors import HetschedError
 from .._runtime._buffers import PoolStatistics
 from .._runtime._failover import FailoverStatistics
-from .._runtime._scheduler import Scheduler, StageRuntime
+from .._runtime._scheduler import StageRuntime
+from .._runtime._tenants import Tenant
 from .._runtime._transfer import TransferStatistics
 from ._replan import ReplanStatistics
 from ._setup import CompileStatistics
@@ -85,6 +86,14 @@ class SessionStatistics:
     worker_states_renewed: int = 0
     """Per-worker stage states (a device context: an RKNN toolkit process) found dead and built
     anew by their worker (see ``hetsched/_runtime/_workers.py``)."""
+    slo_s: float | None = None
+    """The session's default SLO (None: none)."""
+    slo_met: int = 0
+    """Finished requests that had an SLO and met it."""
+    slo_missed: int = 0
+    """Finished requests that had an SLO and finished after it (served, never dropped)."""
+    slo_flagged: int = 0
+    """Requests found unable to meet their SLO while queued (served after those that could)."""
 
     @property
     def bytes_copied_same_domain(self) -> int:
@@ -93,7 +102,7 @@ class SessionStatistics:
 
 
 
-def energy_fields(sch: Scheduler | None, current: Sequence[StageRuntime], retired_j: float,
+def energy_fields(sch: Tenant | None, current: Sequence[StageRuntime], retired_j: float,
                   retired_busy: Mapping[str, float]) -> dict[str, Any]:
     """``energy_j``, ``energy_source``, ``stage_energy_j`` and ``device_busy_s`` of
     :class:`SessionStatistics`, from the stages' own reports (a twin stage's ``statistics()``:

@@ -168,7 +168,7 @@ class ResultStream(AsyncIterator[Any]):
         threads = core.worker_threads()
         want = self._window_arg if self._window_arg is not None else max(2, 8 * threads)
         want = min(want, core.max_in_flight)
-        await core.acquire()  # one slot waited for; more only if free now (two streams never deadlock)
+        await core.acquire(self._priority)  # one slot waited for; more only if free now (two streams never deadlock)
         self._slots = 1
         while self._slots < want and core.try_acquire():
             self._slots += 1
@@ -319,7 +319,7 @@ class ResultStream(AsyncIterator[Any]):
         """Admit pending inputs while fewer than ``window`` run (under the stream's lock)."""
         out: list[Request] = []
         pending = self._pending
-        key = self._core.admission_key
+        admit = self._core.admit
         gen = self._core.generation
         while (pending and self._in_flight < self._window and len(self._order) < self._cap and not self._closing
                and not self._failed):
@@ -328,7 +328,7 @@ class ResultStream(AsyncIterator[Any]):
                 # built before a re-plan: admitted after the switch, it runs on the new plan
                 with req.lock:
                     req.rebind_locked(gen.program(self._wanted, req.program.fed))
-            req.key = key(self._priority)  # admitted now: FIFO and aging count from here
+            admit(req)  # admitted now: FIFO, aging and its deadline count from here
             self._order.append(req)
             self._in_flight += 1
             self._admitted += 1

@@ -1,0 +1,424 @@
+"""``Runtime``: one per board. It owns what every model on the board shares.
+
+::
+
+    async with hetsched.Runtime(root="/", devices=["big", "npu"], governor=hetsched.Governor(root="/")) as rt:
+        async with hetsched.Session("detector.onnx", runtime=rt, slo_s=0.033) as det, \\
+                   hetsched.Session("classifier.onnx", runtime=rt) as cls:
+            boxes = await det.run(frame, priority=hetsched.Priority.HIGH)
+            label = await cls.run(crop, priority=hetsched.Priority.BACKGROUND)
+        print(rt.statistics().energy_split_j)
+
+What the runtime owns (opened in ``__aenter__``, closed in ``__aexit__``, also on error and
+cancellation):
+
+* the devices (resolved once for the board) and their **device workers**: one set per device,
+  however many models are attached, each with one queue holding the stages of every
+  session's requests, ordered by priority class, then deadline (``hetsched/_runtime/_tenants.py``);
+* the memory domains' **pools** and the **transfer engine** between them;
+* the runtime-wide admission limit (``max_in_flight``), besides each session's own;
+* an optional **governor**: one for the board, driven by the phases of every attached session
+  (one :class:`~hetsched.GovernorHooks` counts all their requests and stages), and restored when
+  the runtime closes, with sessions still attached or not.
+
+A :class:`~hetsched.Session` attaches its model with ``Session(model, runtime=rt)``: it plans,
+compiles and re-plans its own stages, and closing it drains and closes only those; the other
+sessions keep being served. A Session made without ``runtime=`` opens a private runtime of its
+own (today's behaviour). Closing the runtime closes every session still attached first.
+
+Per-session energy: each session's ``statistics().energy_j`` is what its stage runs spent (as
+the backends model or measure it); :meth:`Runtime.statistics` gives the board's total and its
+split by each session's share of the devices' busy time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from hetsched.backends import Device, get_backend
+
+from .._errors import BufferLeakError, RuntimeStateError
+from .._events import HookDispatcher
+from .._planning.devices import resolve_devices
+from .._runtime._buffers import BufferPool, pools_for
+from .._runtime._clock import Clock, SystemClock
+from .._runtime._domains import Topology
+from .._runtime._scheduler import Scheduler
+from .._runtime._transfer import TransferEngine, TransferStatistics
+from ._options import Memory, Scheduling
+from ._setup import TransferEvents, make_topology
+
+if TYPE_CHECKING:
+    from .._runtime._tenants import SchedulerStatistics, Tenant, TenantStatistics
+    from ._governed import GovernorHooks
+
+__all__ = ["Runtime", "RuntimeStatistics", "SessionShare"]
+
+
+@dataclass(frozen=True)
+class SessionShare:
+    """One session's part of a :class:`Runtime` (attached now or detached)."""
+
+    name: str
+    attached: bool
+    busy_s: Mapping[str, float]
+    """Per device, the board seconds its stage runs kept the device busy (the backend's
+    modelled time where it reports one, else the host's wall time of the run)."""
+    busy_share: float
+    """Its part of every session's busy seconds, over all devices (0 when nothing ran)."""
+    energy_j: float | None
+    """Joules its stage runs spent as the backends report them (its ``statistics().energy_j``)."""
+    energy_split_j: float | None
+    """Its part of the board's energy: :attr:`RuntimeStatistics.energy_j` times :attr:`busy_share`."""
+    requests: int
+    completed: int
+    slo_met: int
+    slo_missed: int
+    slo_flagged: int
+
+
+@dataclass(frozen=True)
+class RuntimeStatistics:
+    """A snapshot of a :class:`Runtime`: its sessions, the board's busy time and energy."""
+
+    sessions: tuple[SessionShare, ...]
+    """Every session that attached, in attachment order (detached ones included)."""
+    devices: tuple[str, ...]
+    worker_threads: int
+    """Device worker threads of the board (one set per device, whatever the number of sessions)."""
+    busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Per device, the busy seconds of every session."""
+    energy_j: float | None = None
+    """The board's energy: the sum of every session's stage energy (see :attr:`energy_source`);
+    None where no backend reports energy."""
+    energy_source: str | None = None
+    """``"modelled"`` (a twin's power model at the clocks of each run) or None."""
+    energy_split_j: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """:attr:`energy_j` split by each session's share of the devices' busy time; sums to it."""
+    transfers: TransferStatistics | None = None
+    queued_stages: int = 0
+    in_flight: int = 0
+    """Slots of the runtime-wide admission limit in use (0 without a limit)."""
+    max_in_flight: int | None = None
+    governor: Any = None
+    """The governor's ``statistics()`` (None without one)."""
+
+
+class _Attached:
+    """What the runtime keeps of an attached session."""
+
+    def __init__(self, name: str, tenant: Tenant, energy: Any):
+        self.name = name
+        self.tenant = tenant
+        self.energy = energy  # () -> joules or None: the session's statistics().energy_j
+        self.final: TenantStatistics | None = None
+        self.final_energy: float | None = None
+        self.closer: Any = None  # the session's close (async, no args), for the runtime's own close
+
+
+class Runtime:
+    """The board's devices, workers, pools, transfer engine and governor, shared by every
+    :class:`~hetsched.Session` attached to it (see the module docstring).
+
+    :param devices: device specs or :class:`Device` objects of the board (default: the host's CPU
+        clusters); each attached session plans over these (or the subset it names).
+    :param root: the filesystem root for hardware discovery and ``dev/dma_heap`` (a twin's root in tests).
+    :param clock: the clock every attached session and the scheduler read (default: the system's;
+        tests pass a ``VirtualClock``).
+    :param scheduling: how the device queues order stages (:class:`hetsched.Scheduling`).
+    :param memory: memory domains, pools and transfers (:class:`hetsched.Memory`).
+    :param max_in_flight: requests of all sessions admitted at once (None: only each session's own limit).
+    :param governor: a :class:`hetsched.Governor` the runtime enters when it opens and exits when it
+        closes (restoring every clock it changed), driven by every attached session's phases.
+    :param hooks: objects with :class:`hetsched.Hooks` methods for the board's transfer events.
+    :raises ValueError: ``max_in_flight`` is not positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        devices: Sequence[str | Device] | str | None = None,
+        root: str | os.PathLike[str] = "/",
+        clock: Clock | None = None,
+        scheduling: Scheduling = Scheduling(),  # noqa: B008 (frozen: one shared value)
+        memory: Memory = Memory(),  # noqa: B008
+        max_in_flight: int | None = None,
+        governor: Any = None,
+        hooks: Sequence[object] = (),
+    ):
+        if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
+            raise ValueError(f"Runtime max_in_flight must be >= 1 or None, got {max_in_flight!r}")
+        if not isinstance(scheduling, Scheduling):
+            raise TypeError(f"scheduling must be a hetsched.Scheduling, got {type(scheduling).__name__}")
+        if not isinstance(memory, Memory):
+            raise TypeError(f"memory must be a hetsched.Memory, got {type(memory).__name__}")
+        self._device_specs = devices
+        self.root = root
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.scheduling = scheduling
+        self.memory = memory
+        self._max_in_flight = max_in_flight
+        self.governor = governor
+        self._owns_governor = governor is not None
+        self._governor_hooks: GovernorHooks | None = None
+        self._dispatch = HookDispatcher(hooks)
+        self._devices: list[Device] = []
+        self._topology: Topology | None = None
+        self.host = "host"
+        self._pools: dict[str, BufferPool] = {}
+        self._engine: TransferEngine | None = None
+        self._scheduler: Scheduler | None = None
+        self._attached: list[_Attached] = []
+        self._gone: list[_Attached] = []
+        self._names = itertools.count(1)
+        self._open = False
+        self._closing = False
+        self._retired_runs = 0
+        self._leak: BufferLeakError | None = None
+
+    @classmethod
+    def _private(cls, *, devices: Sequence[str | Device] | str | None, root: str | os.PathLike[str],
+                 clock: Clock, scheduling: Scheduling, memory: Memory, dispatch: HookDispatcher) -> Runtime:
+        """The runtime a Session without ``runtime=`` opens for itself: its transfer events go to
+        the session's hooks, and a governor the session was given stays the caller's."""
+        rt = cls(devices=devices, root=root, clock=clock, scheduling=scheduling, memory=memory)
+        rt._dispatch = dispatch
+        return rt
+
+    # -- what sessions read -------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def devices(self) -> list[Device]:
+        """The board's devices (resolved when the runtime opened)."""
+        return list(self._devices)
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            raise RuntimeStateError("Runtime.topology is available inside 'async with Runtime(...)'")
+        return self._topology
+
+    @property
+    def pools(self) -> Mapping[str, BufferPool]:
+        return MappingProxyType(self._pools)
+
+    @property
+    def engine(self) -> TransferEngine | None:
+        return self._engine
+
+    @property
+    def scheduler(self) -> Scheduler:
+        sch = self._scheduler
+        if sch is None or not self._open:
+            raise RuntimeStateError("the Runtime is not open: use 'async with Runtime(...)' before attaching")
+        return sch
+
+    @property
+    def governor_hooks(self) -> GovernorHooks | None:
+        """The hooks that drive the runtime's governor from every attached session's events."""
+        if self._governor_hooks is None and self.governor is not None:
+            from ._governed import GovernorHooks
+
+            self._governor_hooks = GovernorHooks(self.governor)
+        return self._governor_hooks
+
+    @property
+    def sessions(self) -> tuple[str, ...]:
+        """The names of the sessions attached now."""
+        return tuple(a.name for a in self._attached)
+
+    # -- attaching ----------------------------------------------------------------------------
+
+    def attach(self, name: str | None, *, dispatch: HookDispatcher, costs: Any, learn_costs: bool,
+               weight: float, max_in_flight: int | None, slo_s: float | None, energy: Any,
+               closer: Any) -> tuple[str, Tenant]:
+        """Attach a session (its ``__aenter__``; event loop): a tenant of the board's scheduler.
+        Returns the unique name it got (``name``, or ``name#2`` when taken) and the tenant.
+
+        :raises RuntimeStateError: the runtime is not open, or closing.
+        """
+        sch = self.scheduler
+        if self._closing:
+            raise RuntimeStateError("the Runtime is closing: no session can attach now")
+        base = name or f"session-{next(self._names)}"
+        taken = {a.name for a in (*self._attached, *self._gone)}
+        unique, k = base, 2
+        while unique in taken:
+            unique, k = f"{base}#{k}", k + 1
+        tenant = sch.attach(unique, dispatch=dispatch, costs=costs, learn_costs=learn_costs, weight=weight,
+                            max_in_flight=max_in_flight, slo_s=slo_s)
+        entry = _Attached(unique, tenant, energy)
+        entry.closer = closer
+        self._attached.append(entry)
+        return unique, tenant
+
+    async def detach(self, tenant: Tenant) -> None:
+        """The session of ``tenant`` is closing (event loop): wait until its requests are
+        finalized (the others keep being served) and keep its last figures."""
+        entry = next((a for a in self._attached if a.tenant is tenant), None)
+        if entry is None:
+            return
+        sch = self._scheduler
+        if sch is not None and sch.workers:
+            entry.final = await sch.detach(tenant)
+        else:  # the workers are gone (the runtime is closing): nothing more of it will run
+            entry.final = tenant.statistics()
+            sch_ = tenant.scheduler
+            sch_.forget_tenant(tenant)
+        entry.final_energy = entry.energy()
+        self._attached.remove(entry)
+        self._gone.append(entry)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        if self._open:
+            raise RuntimeStateError("Runtime is already open")
+        self._devices = list(resolve_devices(self._device_specs, root=self.root))
+        self._topology, self.host = make_topology(self.memory.topology, self._devices)
+        governor_entered = False
+        try:
+            self._pools = pools_for(self._topology, capacity_bytes=self.memory.pool_capacity_bytes, root=self.root)
+            # a custom copy (a DMA wait, a modelled link) may block: never run it on the event loop
+            inline = {} if self.memory.copy_fn is None else {"inline_bytes": 0}
+            self._engine = TransferEngine(self._topology, self._pools, chunk_bytes=self.memory.chunk_bytes,
+                                          copy_fn=self.memory.copy_fn,
+                                          hooks=TransferEvents(self._dispatch, self.clock), **inline)
+            await self._engine.__aenter__()
+            self._scheduler = Scheduler(
+                pools=self._pools, topology=self._topology, host=self.host, engine=self._engine,
+                priorities=self.scheduling.priorities, aging_s=self.scheduling.aging_s, clock=self.clock,
+                max_in_flight=self._max_in_flight)
+            if self._owns_governor:
+                await self.governor.__aenter__()
+                governor_entered = True
+            self._scheduler.start(self._devices, worker_cpus)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._close_board(governor_entered)
+            raise
+        self._open = True
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        leak = await self.aclose()
+        if leak is not None and exc is None:
+            raise leak
+
+    async def aclose(self) -> BufferLeakError | None:
+        """Close every session still attached, then the board (workers, engine, pools, the
+        governor's clocks); returns the pools' leak report (``__aexit__`` raises it)."""
+        if not self._open:
+            return None
+        self._closing = True
+        try:
+            for entry in list(self._attached):
+                if entry.closer is not None:
+                    with anyio.CancelScope(shield=True):
+                        await entry.closer()
+        finally:
+            with anyio.CancelScope(shield=True):
+                leak = await self._close_board(self._owns_governor)
+            self._open = False
+            self._closing = False
+        return leak
+
+    async def stop_workers(self) -> None:
+        """Stop and join the device workers (part of closing; event loop). Requests still queued
+        then fail with :class:`RuntimeStateError` instead of waiting for workers that are gone."""
+        sch = self._scheduler
+        if sch is None or not sch.workers:
+            return
+        workers = sch.stop()
+        for w in workers:
+            await anyio.to_thread.run_sync(w.join)
+            self._retired_runs += w.runs
+        for t in sch.tenants():
+            t.flush_costs()
+        sch.fire_deferred()
+        for w in workers:
+            sch.abort(w.drain(), RuntimeStateError("the runtime stopped its device workers"))
+
+    async def _close_board(self, governor_entered: bool) -> BufferLeakError | None:
+        try:
+            await self.stop_workers()
+            if self._engine is not None:
+                engine, self._engine = self._engine, None
+                await engine.__aexit__(None, None, None)
+            leaks: list[BufferLeakError] = []
+            for pool in self._pools.values():
+                try:
+                    pool.close()
+                except BufferLeakError as err:
+                    leaks.append(err)
+        finally:
+            if governor_entered:
+                await self.governor.__aexit__(None, None, None)  # restores every clock it changed
+        if not leaks:
+            return None
+        labels = [lbl for e in leaks for lbl in e.labels]
+        stages = sorted({lbl.split(":", 1)[0] for lbl in labels if lbl is not None})
+        return BufferLeakError(f"closed with buffers still referenced, produced by stage(s) {stages}: "
+                               + "; ".join(str(e) for e in leaks), labels=labels, stages=stages)
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def worker_threads(self) -> int:
+        sch = self._scheduler
+        return sum(w.concurrency for w in sch.unique_workers()) if sch is not None else 0
+
+    def statistics(self) -> RuntimeStatistics:
+        """The sessions' shares of the board's busy time and energy (see :class:`RuntimeStatistics`)."""
+        entries = [*self._gone, *self._attached]
+        shares: list[tuple[_Attached, TenantStatistics, float | None]] = []
+        for e in entries:
+            ts = e.final if e.final is not None else e.tenant.statistics()
+            energy = e.final_energy if e.final is not None else e.energy()
+            shares.append((e, ts, energy))
+        busy: dict[str, float] = {}
+        for _, ts, _ in shares:
+            for dev, sec in ts.busy_s.items():
+                busy[dev] = busy.get(dev, 0.0) + sec
+        total_busy = sum(busy.values())
+        energies = [en for _, _, en in shares if en is not None]
+        total = sum(energies) if energies else None
+        out: list[SessionShare] = []
+        split: dict[str, float] = {}
+        for e, ts, en in shares:
+            share = sum(ts.busy_s.values()) / total_busy if total_busy > 0 else 0.0
+            part = total * share if total is not None else None
+            if part is not None:
+                split[e.name] = part
+            out.append(SessionShare(e.name, e.final is None, MappingProxyType(dict(ts.busy_s)), share, en, part,
+                                    ts.requests, ts.completed, ts.slo_met, ts.slo_missed, ts.slo_flagged))
+        sch = self._scheduler
+        sst: SchedulerStatistics | None = sch.statistics() if sch is not None else None
+        gov = self.governor
+        return RuntimeStatistics(
+            sessions=tuple(out), devices=tuple(d.name for d in self._devices), worker_threads=self.worker_threads(),
+            busy_s=MappingProxyType(busy), energy_j=total, energy_source="modelled" if total is not None else None,
+            energy_split_j=MappingProxyType(split),
+            transfers=self._engine.statistics() if self._engine is not None else None,
+            queued_stages=sst.queued_stages if sst is not None else 0,
+            in_flight=sst.admitted if sst is not None else 0, max_in_flight=self._max_in_flight,
+            governor=gov.statistics() if gov is not None else None)
+
+
+def worker_cpus(dev: Device) -> Sequence[tuple[int, ...]]:
+    """The CPU sets of ``dev``'s worker threads: its backend's choice where it makes one
+    (e.g. per-core workers), else one worker pinned to the device's cores."""
+    fn = getattr(get_backend(dev.backend), "worker_cpus", None)
+    return fn(dev) if fn is not None else [tuple(dev.cpus)]
+
