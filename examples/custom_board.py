@@ -50,6 +50,10 @@ class NanoPort:
     """
 
     soc: str | None = "jetson-nano"
+    # What this port can do beyond the protocol's methods (hetsched.ClockPort): it publishes no
+    # governor state (no run/hetsched directory), and its snapshots carry the board's power.
+    state_dir = None
+    integrates_samples_by_telemetry = False
 
     def __init__(
         self,

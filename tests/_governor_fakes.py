@@ -60,6 +60,8 @@ class TableBoard:
     """The fake board; implements the governor's ClockPort."""
 
     soc = "fake"
+    state_dir = None  # ClockPort capabilities: no state directory (publishes nothing),
+    integrates_samples_by_telemetry = False  # and its snapshots carry their own power
 
     def __init__(
         self,

@@ -17,7 +17,8 @@ from hetsched._cli._doctor_checks import Finding, SdkState, SensorRead, check_sd
 from hetsched._cli._doctor_checks_read import findings, read_board, restore_saved_clocks
 from hetsched._governor._engine import GovernorEngine
 from hetsched._governor._phase import Phase
-from hetsched._governor._published import RUN_DIR, SAVED_FILE, STATE_FILE, pid_alive
+from hetsched._governor._state_dir import pid_alive
+from hetsched._governor._state_walk import RUN_DIR, SAVED_FILE, STATE_FILE
 from hetsched._governor._sysfs import SysfsPort
 from hetsched._twin.live import LiveTwin
 from hetsched.testing import build_board_tree, dvfs_knobs

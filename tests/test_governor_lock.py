@@ -20,9 +20,9 @@ import hetsched
 from hetsched import GovernorBusyError, GovernorError, SysfsError
 from hetsched._cli import main
 from hetsched._governor import Governor, Phase
-from hetsched._governor._lock import LOCK_FILE, RootLock, probe
-from hetsched._governor._published import RUN_DIR, SAVED_FILE, STATE_FILE
-from hetsched._governor._restore import restore_saved
+from hetsched._governor._lock import RootLock, probe
+from hetsched._governor._state_dir import StateDir
+from hetsched._governor._state_walk import LOCK_FILE, RUN_DIR, SAVED_FILE, STATE_FILE
 from hetsched._governor._sysfs import SysfsPort
 from hetsched._platform._fs import SysfsRoot
 from hetsched.testing import build_board_tree, dvfs_knobs
@@ -212,7 +212,7 @@ def test_hetsched_restore_refuses_a_live_holders_file_unless_forced(
         assert out["status"] == "refused" and out["pid"] == os.getpid()
         assert "holds the governor lock" in out["message"] and "--force" in out["message"]
         assert dvfs_knobs(root) == knobs and _run_files(root) == files
-        assert restore_saved(SysfsRoot(root), force=True).status == "restored"
+        assert StateDir(SysfsRoot(root)).restore_saved(force=True).status == "restored"
         assert dvfs_knobs(root) == before
     assert dvfs_knobs(root) == before and not (root / "run").exists()
 
@@ -230,7 +230,7 @@ def test_an_older_governors_file_without_a_lock_still_goes_by_its_pid(board: tup
     assert err.value.pid == 1
     assert dvfs_knobs(root) == knobs and _run_files(root) == files
     # Its pid gone (injected): put back, as before.
-    assert restore_saved(SysfsRoot(root), alive=lambda pid: False).status == "restored"
+    assert StateDir(SysfsRoot(root)).restore_saved(alive=lambda pid: False).status == "restored"
     assert dvfs_knobs(root) == before
 
 

@@ -21,8 +21,8 @@ from hetsched._cli import main
 from hetsched._cli._top import format_frame
 from hetsched._errors import ProfileError
 from hetsched._governor import Governor, GovernorProfile, Phase
-from hetsched._governor._published import RUN_DIR, SAVED_FILE
-from hetsched._governor._restore import restore_saved
+from hetsched._governor._state_dir import StateDir
+from hetsched._governor._state_walk import RUN_DIR, SAVED_FILE
 from hetsched._governor._sysfs import SysfsPort
 from hetsched._platform import thermal
 from hetsched._platform._fs import SysfsRoot, parse_int, parse_name
@@ -279,7 +279,7 @@ def test_the_saved_file_of_a_governor_in_this_process_that_failed_to_restore_is_
     gov.engine._restored = True  # as if its restore had failed: the file stays, the clocks changed
     gov.engine._published.closed(restored=False)
     assert dvfs_knobs(root) != before and (root / RUN_DIR / SAVED_FILE).exists()
-    out = restore_saved(SysfsRoot(root))
+    out = StateDir(SysfsRoot(root)).restore_saved()
     assert out.status == "restored" and dvfs_knobs(root) == before
 
 
@@ -411,14 +411,14 @@ def test_a_run_link_swapped_in_after_start_is_not_followed(tmp_path):
     ``run/`` after the writer resolved it is refused, and nothing outside changes."""
     import os
 
-    from hetsched._governor._published import _Dir
+    from hetsched._governor._state_walk import RunDir
     from hetsched._platform._fs import SysfsRoot
 
     root = tmp_path / "root"
     (root / "run").mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
-    d = _Dir(SysfsRoot(root))
+    d = RunDir(SysfsRoot(root))
     d.write("governor-state.json", {"phase": "idle"})
     assert (root / "run" / "hetsched" / "governor-state.json").exists()
     d.remove("governor-state.json")

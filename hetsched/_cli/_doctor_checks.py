@@ -391,7 +391,7 @@ def check_dead_governor(
     *, state: Mapping[str, Any] | None, saved: Mapping[str, Any] | None, alive: Mapping[int, bool],
     changed: Sequence[str], errors: Mapping[str, str], saved_path: str,
 ) -> list[Finding]:
-    """The governor's published files (``hetsched._governor._published``): a saved-knobs file
+    """The governor's state directory (``hetsched._governor._state_dir.StateDir``): a saved-knobs file
     whose owner process is gone means it died with the clocks changed. ``changed``: knob files
     that differ from the saved bytes now."""
     out = [Finding("governor", "warn", path, f"unreadable governor state file: {why}", f"delete {path}")

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import HetschedError, PathOutsideRootError, SysfsPermissionError
-from .._governor._published import RUN_DIR, SAVED_FILE, Published, decode_knobs, pid_alive, read_published
+from .._governor._knobs import expected_knobs
+from .._governor._state_dir import Published, StateDir, decode_knobs, pid_alive
+from .._governor._state_walk import RUN_DIR, SAVED_FILE
 from .._platform import cpufreq, devfreq, thermal
 from .._platform._fs import SysfsRoot
 from .._platform.discovery import discover
@@ -300,13 +302,12 @@ def read_board(
         )
         zone_readings.append(ZoneReading(z.type, z.path, series, tuple(sorted(trips, key=lambda t: t.index))))
     sensors = tuple(SensorRead(p, k, tuple(reads[p]), p in denied) for p, k in paths)
-    published = read_published(fs)
+    state_dir = StateDir(fs)
+    published = state_dir.read()
     pids = {p for p in (published.pid("state"), published.pid("saved")) if p is not None}
     changed: list[str] = []
     if published.saved is not None:
         try:
-            from .._governor._restore import expected_knobs
-
             for knobs_of in decode_knobs(published.saved.get("knobs", {})).values():
                 changed += [p for p, v in expected_knobs(knobs_of).items() if fs.read_bytes(p) != v]
         except (ValueError, HetschedError):
@@ -314,10 +315,8 @@ def read_board(
     alive_of = {p: alive(p) for p in pids}
     saved_pid = published.pid("saved")
     if alive is pid_alive and published.saved is not None and saved_pid is not None:
-        from .._governor._restore import saved_owner_alive
-
         # By the governor lock where the file was written under one: a pid may be reused.
-        alive_of[saved_pid] = saved_owner_alive(fs, published.saved)[0]
+        alive_of[saved_pid] = state_dir.saved_owner_alive(published.saved)[0]
     jetson = platform.jetpack is not None or (platform.soc or "").startswith("orin")
     return BoardReading(
         root=str(fs.root), host_root=fs.is_host_root, live_twin=fs.is_dir(TWIN_DIR), soc=platform.soc,
@@ -351,7 +350,7 @@ def findings(r: BoardReading) -> list[Finding]:
 def restore_saved_clocks(root: str | os.PathLike[str], *, alive: Callable[[int], bool] | None = None) -> list[str]:
     """Write back the knobs a hetsched governor that died saved (``--restore-clocks``); returns the
     files written. The same restore as ``hetsched restore``
-    (:func:`hetsched._governor._restore.restore_saved`): every knob tried, in the order the kernel
+    (:meth:`hetsched._governor._state_dir.StateDir.restore_saved`): every knob tried, in the order the kernel
     accepts; the saved file is removed once every knob reads back as saved.
 
     :raises PlatformError: no saved file, it is malformed, or its governor still runs (it
@@ -359,9 +358,7 @@ def restore_saved_clocks(root: str | os.PathLike[str], *, alive: Callable[[int],
     :raises SysfsError: some knobs could not be put back (the message names each).
     """
     from .._errors import PlatformError, SysfsError
-    from .._governor._restore import restore_saved
-
-    out = restore_saved(SysfsRoot(root), alive=alive)
+    out = StateDir(SysfsRoot(root)).restore_saved(alive=alive)
     if out.status == "partial":
         raise SysfsError(errno.EIO, out.message)
     if out.status != "restored":

@@ -39,10 +39,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hetsched._governor._restore import restore_saved
+    from hetsched._governor._state_dir import StateDir
     from hetsched._platform._fs import SysfsRoot
 
-    out = restore_saved(SysfsRoot(args.root), force=args.force)
+    # The straight descent: this command -> the root's state directory (its lock, its saved
+    # knobs) -> the knobs written back through the sysfs root.
+    out = StateDir(SysfsRoot(args.root)).restore_saved(force=args.force)
     if args.json:
         print(json.dumps(out.to_json(), sort_keys=True))
     else:

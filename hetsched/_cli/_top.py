@@ -4,7 +4,7 @@ Besides clocks, temperatures against their trips and rail power, each frame show
 session does to the board: on a live twin root the per-device load the twin renders from the
 sessions' reports (its load channel names the reporting pids), and the phase and per-domain
 targets of a running hetsched governor (the state file it publishes under the root's run
-directory, :mod:`hetsched._governor._published`).
+directory, :class:`hetsched._governor._state_dir.StateDir`).
 
 Every value is shown as the file says. A current clock outside the domain's own
 ``[min, max]`` limits is marked ``*`` with a footnote rather than clamped: it is what the
@@ -102,20 +102,19 @@ class SessionView:
 
 def read_session_view(fs: Any) -> SessionView:
     """Read the live twin's load channel listing and the governor's published state under ``fs``."""
-    from hetsched._governor._published import pid_alive, read_published
+    from hetsched._governor._state_dir import StateDir, pid_alive
 
     live = fs.is_dir(".hetsched-twin")
     pids = sorted({int(n.split("-", 1)[0]) for n in fs.listdir(".hetsched-twin/load")
                    if n.endswith(".load") and n.split("-", 1)[0].isdigit()}) if live else []
-    pub = read_published(fs)
+    state_dir = StateDir(fs)
+    pub = state_dir.read()
     pid = pub.pid("state")
     locked = pub.state.get("locked", []) if pub.state is not None else []
     alive = pid is not None and pid_alive(pid)
     if alive and pub.state is not None and not pub.state.get("dry_run"):
-        from hetsched._governor._lock import probe
-
         # A governing one holds the root's lock: a reused pid over a dead one's file does not.
-        lock = probe(fs)
+        lock = state_dir.probe()
         if lock.held is not None:
             alive = lock.held and lock.pid in (None, pid)
     return SessionView(

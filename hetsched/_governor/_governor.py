@@ -288,13 +288,9 @@ class Governor:
     # -- async context manager ---------------------------------------------------------
 
     async def __aenter__(self) -> Governor:
-        from ._sysfs import SysfsPort
-
-        port = self._engine.port
-        if isinstance(port, SysfsPort):
-            # Inside an event loop never block on a clock change: a domain that has not
-            # followed yet is checked again at the next decision or tick.
-            port.settle_s = 0.0
+        # Inside an event loop never block on a clock change: a domain that has not
+        # followed yet is checked again at the next decision or tick.
+        self._engine.port.settle_s = 0.0
         self._start()
         tg = anyio.create_task_group()
         await tg.__aenter__()

@@ -7,8 +7,10 @@ the lock again; ``flock`` locks belong to the open file, so two opens in one pro
 conflict too. The kernel drops it when the holder dies (SIGKILL leaves no stale lock), which
 is also how a saved-clocks file is told to be a dead governor's even when its pid was reused.
 
-The file is opened through :class:`~hetsched._governor._published._Dir`: every component of
-``run/hetsched`` and the file itself without following links, nothing outside the root.
+The file is opened through :class:`~hetsched._governor._state_walk.RunDir`: every component of
+``run/hetsched`` and the file itself without following links, nothing outside the root. The
+lock belongs to the state directory: :class:`~hetsched._governor._state_dir.StateDir` takes,
+holds and drops it (and probes it for ``doctor`` and ``top``).
 It holds the holder's pid (for the busy message only: the lock, not the pid, says who owns).
 
 Removing the file (the directory tidy at close, so that a closed governor leaves the tree
@@ -30,12 +32,9 @@ from dataclasses import dataclass
 
 from .._errors import GovernorBusyError, PathOutsideRootError, SysfsError, SysfsPermissionError
 from .._platform._fs import SysfsRoot
-from ._published import RUN_DIR, _Dir
+from ._state_walk import LOCK_FILE, RUN_DIR, RunDir
 
 __all__ = ["LOCK_FILE", "LockState", "RootLock", "probe"]
-
-LOCK_FILE = "governor.lock"
-"""Its name in :data:`~hetsched._governor._published.RUN_DIR`."""
 
 # O_NONBLOCK: a FIFO planted at the name must not hang the open (it is refused after fstat).
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -89,7 +88,7 @@ def _stat(name: str, dfd: int) -> os.stat_result | None:
 class RootLock:
     """A held governor lock (see the module docstring); :meth:`acquire` makes one."""
 
-    def __init__(self, fs: SysfsRoot, d: _Dir, fd: int) -> None:
+    def __init__(self, fs: SysfsRoot, d: RunDir, fd: int) -> None:
         self.fs = fs
         self._dir = d
         self._fd = fd
@@ -99,8 +98,11 @@ class RootLock:
         return self._fd >= 0
 
     @classmethod
-    def acquire(cls, fs: SysfsRoot) -> RootLock:
+    def acquire(cls, fs: SysfsRoot, d: RunDir | None = None) -> RootLock:
         """Take the lock of ``fs`` (creating ``run/hetsched`` and the file as needed) and write this pid.
+
+        ``d``: the state directory's walk (its :meth:`~RunDir.tidy` then removes what the lock made);
+        a fresh one by default.
 
         :raises GovernorBusyError: another governor (this process or another) holds it; nothing
             was changed but, at most, an empty lock directory made and removed again.
@@ -109,10 +111,11 @@ class RootLock:
         :raises SysfsPermissionError: the lock may not be created (not root, read-only tree).
         :raises SysfsError: a link or something not a regular file at the name, or another OS error.
         """
-        d = _Dir(fs)
+        if d is None:
+            d = RunDir(fs)
         for _ in range(_ATTEMPTS):
             try:
-                dfd = d._walk(create=True)
+                dfd = d.open(create=True)
             except FileNotFoundError:
                 continue  # a closing governor removed an empty directory just then
             except OSError as exc:
@@ -132,7 +135,7 @@ class RootLock:
         raise SysfsError(errno.EAGAIN, f"cannot take the governor lock {fs.root}/{_rel()}: it keeps being replaced")
 
     @classmethod
-    def _try(cls, fs: SysfsRoot, d: _Dir, dfd: int) -> RootLock | None:
+    def _try(cls, fs: SysfsRoot, d: RunDir, dfd: int) -> RootLock | None:
         """One attempt in the open directory ``dfd``: the lock, or None to start over."""
         try:
             fd = os.open(LOCK_FILE, _OPEN, 0o644, dir_fd=dfd)
@@ -179,7 +182,7 @@ class RootLock:
         if fd < 0:
             return
         try:
-            dfd = self._dir._walk(create=False)
+            dfd = self._dir.open(create=False)
             if dfd is not None:
                 try:
                     if _same(os.fstat(fd), _stat(LOCK_FILE, dfd)):
@@ -208,15 +211,16 @@ class LockState:
     pid: int | None = None
 
 
-def probe(fs: SysfsRoot) -> LockState:
+def probe(fs: SysfsRoot, d: RunDir | None = None) -> LockState:
     """Whether some governor (this process included) holds the lock of ``fs`` now; creates nothing.
 
     A link or something not a regular file at the name reads as held (it cannot be trusted
     to be free). Never raises.
     """
     try:
-        d = _Dir(fs)
-        dfd = d._walk(create=False)
+        if d is None:
+            d = RunDir(fs)
+        dfd = d.open(create=False)
     except (OSError, SysfsError):
         return LockState(None)
     if dfd is None:

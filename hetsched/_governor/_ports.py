@@ -3,6 +3,14 @@
 A :class:`ClockPort` is the governor's only contact with a board: it lists the clock
 domains, reads the time and a telemetry snapshot, saves and restores every knob it
 may touch, writes one domain's frequency and reads back what the domain achieved.
+
+What a port can do beyond that it declares as attributes (read by the governor, never
+guessed from the port's class): ``state_dir`` (where the governor publishes its state and
+saved knobs: a board's ``run/hetsched``, None for none), ``integrates_samples_by_telemetry``
+(its energy counter is the telemetry's trapezoid of the samples the governor takes, so the
+governor samples at phase boundaries) and ``settle_s`` (how long a write or read may block
+waiting for a clock change; the governor sets 0 inside an event loop). A port subclassing
+:class:`ClockPort` inherits the defaults (None, False, 0.0); another declares them itself.
 """
 
 from __future__ import annotations
@@ -12,14 +20,23 @@ from typing import Any, Protocol
 
 from .._snapshot import Snapshot
 from ._points import DomainSpec
+from ._state_dir import StateDir
 
 __all__ = ["ClockPort", "SimPort"]
 
 
 class ClockPort(Protocol):
-    """The governor's view of a board."""
+    """The governor's view of a board (its capabilities: see the module docstring)."""
 
     soc: str | None
+    state_dir: StateDir | None = None
+    """The board's governor state directory (lock, state file, saved knobs); None: nothing published."""
+    integrates_samples_by_telemetry: bool = False
+    """Rail energy is integrated by telemetry over the samples the governor takes (a sysfs board);
+    False: the port's snapshots carry their own energy counters (a simulation)."""
+    settle_s: float = 0.0
+    """Longest a :meth:`write`/:meth:`read` waits for a clock change to show; set to 0 by the
+    governor inside an event loop (never block it)."""
 
     def domains(self) -> Mapping[str, DomainSpec]:
         """The domains the governor may set (name -> spec)."""
@@ -52,6 +69,10 @@ class ClockPort(Protocol):
 
 class SimPort:
     """A :class:`hetsched._twin.sim.SimBoard` (virtual time, no files) as a :class:`ClockPort`."""
+
+    state_dir: StateDir | None = None  # no files: nothing published
+    integrates_samples_by_telemetry = False  # the simulation's snapshots count energy themselves
+    settle_s = 0.0  # a simulated clock change shows at once
 
     def __init__(self, board: Any, *, soc: str | None = None) -> None:
         self.board = board

@@ -18,15 +18,18 @@ restore could write (binary bytes, a governor not in the available list, a file 
 exists but reads nothing) is left alone, with a warning naming the file, both when the
 port is made (it is not offered to the governor) and at :meth:`save` (its writes are
 dropped). A restore tries every knob of every domain and reports all that failed at the
-end (:attr:`SysfsPort.restore_failures`). Its :func:`~hetsched._governor._restore.write_back`
-is shared with ``hetsched restore`` (:func:`~hetsched._governor._restore.restore_saved`), which puts back
-what a governor that died (SIGKILL, OOM, power loss) saved; :meth:`save` does it first when
-it finds such a file, so a dead run's clocks are never taken for the board's own.
+end (:attr:`SysfsPort.restore_failures`). Its :func:`~hetsched._governor._knobs.write_back`
+is shared with ``hetsched restore``, which puts back what a governor that died (SIGKILL, OOM,
+power loss) saved; :meth:`save` does it first when it finds such a file, so a dead run's
+clocks are never taken for the board's own.
 
-One governor per root: :meth:`save` first takes the root's governor lock
-(:mod:`hetsched._governor._lock`; :class:`GovernorBusyError` when another governor holds it,
-before anything is read back or written) and it is held until the knobs are restored
-(:meth:`restore`, or :meth:`release_lock` by the engine's publisher once its files are gone).
+The root's governor state directory (``run/hetsched``: the lock, the state file, the saved
+knobs) is owned by the port's :attr:`~SysfsPort.state_dir`
+(:class:`~hetsched._governor._state_dir.StateDir`, the port's ``state_dir`` capability, through
+which the engine publishes too). One governor per root: :meth:`save` first takes the root's
+governor lock (:class:`GovernorBusyError` when another governor holds it, before anything is
+read back or written); :meth:`restore` puts the knobs back and then closes the state directory
+(the state file, the saved file once every knob is back, then the lock).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ from .._platform.discovery import discover
 from .._platform.jetson import EMC_DIR
 from .._platform.telemetry import Telemetry
 from .._snapshot import Snapshot
-from ._lock import RootLock
+from ._knobs import Knobs, by_role, expected_knobs, unrestorable, write_back
 from ._points import DEFAULT_LATENCY_S, DomainSpec
-from ._restore import Knobs, by_role, expected_knobs, unrestorable, write_back
+from ._state_dir import StateDir
 
 log = logging.getLogger("hetsched.governor")
 
@@ -67,17 +70,6 @@ class _Domain:
     saved: Knobs | None = None  # what save() read (None before)
 
 
-def _dead_saved(fs: SysfsRoot) -> dict[str, dict[str, bytes | None]]:
-    """The knobs in a saved-clocks file under ``fs`` ({} when none or unreadable)."""
-    from ._published import decode_knobs, read_published
-
-    doc = read_published(fs).saved
-    try:
-        return decode_knobs(doc.get("knobs")) if doc is not None else {}
-    except ValueError:
-        return {}
-
-
 class SysfsPort:
     """A board under ``root`` as a :class:`~hetsched._governor._ports.ClockPort`.
 
@@ -93,6 +85,9 @@ class SysfsPort:
     :raises SysfsError: ``root`` is not a directory.
     :raises SysfsPermissionError: the clock files cannot be read.
     """
+
+    integrates_samples_by_telemetry = True
+    """A board's rail energy is the telemetry's trapezoid of the samples the governor takes."""
 
     def __init__(
         self,
@@ -110,11 +105,9 @@ class SysfsPort:
         self.settle_s = settle_s
         self.restore_settle_s = restore_settle_s
         self.recover = recover
-        self.release_on_restore = True
-        """Whether :meth:`restore` drops the governor lock; the engine's publisher turns it off
-        and calls :meth:`release_lock` itself once its files under ``run/hetsched`` are gone
-        (else a governor starting in between could have its new files removed)."""
-        self._lock: RootLock | None = None
+        self.state_dir: StateDir | None = StateDir(self.fs)
+        """The root's governor state directory (lock, state file, saved knobs): the port's capability."""
+        self._state = self.state_dir
         self.refused: dict[str, str] = {}
         """Domains left alone (never written): their knobs could not be restored (why)."""
         self.restore_failures: dict[str, str] = {}
@@ -149,7 +142,7 @@ class SysfsPort:
         except SysfsPermissionError:
             now = {}  # save() raises it where the caller decides (strict or not)
         # What a governor that died saved is what save() will find once it has put it back.
-        for knobs in _dead_saved(self.fs).values():
+        for knobs in self._state.dead_saved_knobs().values():
             for path, raw in knobs.items():
                 for mine in now.values():
                     if path in mine:
@@ -229,9 +222,9 @@ class SysfsPort:
         :raises SysfsPermissionError: a knob may not be read, or the lock may not be created.
         :raises SysfsError: the lock cannot be taken for another reason (a link, not a file).
         """
-        fresh = self._lock is None
+        fresh = not self._state.locked
         if fresh:
-            self._lock = RootLock.acquire(self.fs)
+            self._state.lock()
         try:
             carried = self._recover_dead() if self.recover else {}
             saved = self._read_knobs()
@@ -253,9 +246,7 @@ class SysfsPort:
         return saved
 
     def _recover_dead(self) -> dict[str, bytes]:
-        from ._restore import restore_saved
-
-        out = restore_saved(self.fs, locked=True)
+        out = self._state.restore_saved()  # under the lock this holds: a locked file is a dead governor's
         if out.status == "refused":
             # Only an older version's file (no lock) whose pid runs: never save its clocks as ours.
             raise GovernorBusyError(f"not governing {self.fs.root}: {out.message}", root=str(self.fs.root), pid=out.pid)
@@ -265,29 +256,29 @@ class SysfsPort:
 
     def restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
         """Write the saved knobs back (only domains this port wrote); every knob of every
-        domain is tried, what failed is kept in :attr:`restore_failures`. Then the governor
-        lock is dropped, also when this raises (unless :attr:`release_on_restore` is off).
+        domain is tried, what failed is kept in :attr:`restore_failures`. Then the state
+        directory is closed, also when this raises: the state file goes, the saved knobs only
+        when every knob is back, then the governor lock (:meth:`StateDir.close`).
 
         :raises SysfsPermissionError: a knob could not be written for want of permission
             (the message lists every knob left changed).
         :raises SysfsError: some other knob could not be put back (the message names each).
         """
+        restored = False
         try:
             self._restore(saved)
+            restored = True
         finally:
-            if self.release_on_restore:
-                self.release_lock()
+            self._state.close(restored=restored)
 
     @property
     def locked(self) -> bool:
         """Whether this port holds the root's governor lock now."""
-        return self._lock is not None and self._lock.held
+        return self._state.locked
 
     def release_lock(self) -> None:
         """Drop the root's governor lock (its file removed, see :mod:`hetsched._governor._lock`); idempotent."""
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
+        self._state.unlock()
 
     def _restore(self, saved: dict[str, dict[str, bytes | None]]) -> None:
         failed: dict[str, SysfsError | str] = {}
