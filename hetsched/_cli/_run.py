@@ -29,6 +29,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -202,9 +203,165 @@ def _check_multi_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"hetsched run: {flag} runs one model; not with several models or --workload")
 
 
-def main(args: argparse.Namespace) -> int:
+def _check_args(args: argparse.Namespace) -> float | None:
+    """Options that only go together; the frame period in ms (None: not frame-paced).
+
+    :raises SystemExit: a usage error naming the options.
+    """
+    if args.governor != "none" and not args.root:
+        raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
+    if args.strict_budget and (args.power_budget is None or args.governor == "none"):
+        raise SystemExit("hetsched run: --strict-budget needs --governor phase and --power-budget W")
+    period_ms: float | None = args.frame_period_ms if args.frame_period_ms is not None else args.frame_deadline_ms
+    if period_ms is not None and args.frame_deadline_ms is None:
+        raise SystemExit("hetsched run: --frame-period-ms needs --frame-deadline-ms")
+    if period_ms is not None and (args.stream or args.concurrency != 1):
+        raise SystemExit("hetsched run: --frame-deadline-ms paces one request per frame (no --stream, --concurrency 1)")
+    return period_ms
+
+
+async def _measure(s: Any, args: argparse.Namespace, feeds: dict, board: BoardEnergy | None,
+                   period_ms: float | None) -> dict:
+    """Run the measured requests (a stream, frame-paced, or ``--concurrency`` at a time): the
+    summary's request count and latency/throughput figures."""
+    progress = Progress(args.requests, enabled=True if args.progress else None)
+    t0 = time.perf_counter()
+    if args.stream:
+        done = await sampled(board, lambda: stream_requests(s, feeds, args.requests, progress))
+        wall = time.perf_counter() - t0
+        return {"model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": done,
+                "mode": "stream", "throughput_rps": done / wall}
+    paced = None
+    if period_ms is not None:
+        paced = await sampled(board, lambda: paced_requests(
+            s, feeds, args.requests, period_ms / 1e3, args.frame_deadline_ms / 1e3, progress, board),
+            background=False)
+        lat = paced.latencies_s
+    else:
+        lat = await sampled(board, lambda: run_requests(s, feeds, args.requests, args.concurrency, progress))
+    wall = time.perf_counter() - t0
+    summary = {
+        "model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": len(lat),
+        "latency_ms_median": statistics.median(lat) * 1e3,
+        "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
+        "throughput_rps": len(lat) / wall,
+    }
+    if paced is not None:
+        summary.update({"frame_deadline_ms": args.frame_deadline_ms, "frame_period_ms": period_ms,
+                        "deadline_misses": paced.misses, "frame_overruns": paced.overruns,
+                        "latency_source": paced.source})
+    return summary
+
+
+async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict, board: BoardEnergy | None,
+                    hooks: list) -> None:
+    """Add what the session knows after the run: inputs, refusals, compile counters, the
+    ``--check``, modelled figures, re-plans, stage and board energy, the governor's summary."""
     import numpy as np
 
+    summary["warmup_requests"] = args.warmup  # run first, left out of the latency figures
+    summary["inputs"] = {name: list(np.shape(v)) for name, v in feeds.items()}
+    summary["refused"] = s.plan.to_json()["refused"]
+    comp = s.statistics().compile
+    summary["compile"] = {"conversions": comp.conversions, "cache_hits": comp.cache_hits, "seconds": comp.seconds}
+    if args.check:
+        reference = await anyio.to_thread.run_sync(reference_outputs, resolve_model_arg(args.model), feeds)
+        summary["check"] = compare_outputs(reference, await s.run(feeds))
+    modelled = modelled_rows(s)
+    if modelled:
+        summary["modelled"] = modelled
+    st = s.statistics()
+    summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
+                          "reasons": dict(st.replanning.reasons)}
+    summary["energy_j"] = st.energy_j
+    summary["energy_per_request_j"] = None
+    if st.energy_j is not None and summary["requests"]:
+        summary["energy_per_request_j"] = st.energy_j / summary["requests"]
+        summary["energy"] = {"joules": st.energy_j, "source": st.energy_source,
+                             "mj_per_request": st.energy_j / summary["requests"] * 1e3}
+    summary.update(board.fields(summary["requests"]) if board is not None else {
+        "board_energy_j": None, "board_energy_per_request_j": None, "board_energy_source": None,
+        "board_energy_note": "no --root: the board's rails are read only under --root DIR (--root / on a board)"})
+    gov_stats = governor_statistics(hooks)
+    if gov_stats:
+        summary["governor"] = gov_stats
+
+
+def _print_text(s: Any, args: argparse.Namespace, summary: dict, period_ms: float | None) -> None:
+    """The human-readable report of one model's run (what ``--json`` prints as one object)."""
+    print(s.plan.table())
+    if args.stream:
+        print(f"{summary['requests']} requests streamed: {summary['throughput_rps']:.1f} req/s")
+    else:
+        print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
+              f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s"
+              f" ({args.warmup} warm-up request(s) first, not counted)")
+    if "deadline_misses" in summary:
+        print(f"frame-paced every {period_ms:g} ms: {summary['deadline_misses']} of {summary['requests']} "
+              f"missed the {args.frame_deadline_ms:g} ms deadline ({summary['latency_source']} latency)")
+    if args.check:
+        print(f"check vs onnxruntime: max |diff| {summary['check']['max_abs_diff']:.3g}, "
+              f"min cosine {summary['check']['min_cosine']:.6f}")
+    if "modelled" in summary:
+        print_modelled(summary["modelled"], f"board under {args.root}")
+    if summary["replans"]["count"]:
+        print(f"re-planned {summary['replans']['count']} time(s) while serving; last: {summary['replans']['last_reason']}")
+    if "energy" in summary:
+        print(f"stage energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
+              f"({summary['energy']['source']}, every stage run, re-planned ones included)")
+    if args.root:
+        if summary["board_energy_per_request_j"] is not None:
+            print(f"board energy: {summary['board_energy_per_request_j'] * 1e3:.3f} mJ per request "
+                  f"({summary['board_energy_source']} over the run, idle between requests included)")
+        else:
+            print(f"board energy: n/a ({summary['board_energy_note']})")
+    if "governor" in summary:
+        print_governor_summary(summary["governor"])
+
+
+async def _until_signalled(body_fn: Callable[[], Awaitable[int]]) -> int:
+    """Run ``body_fn`` and cancel it on SIGTERM/SIGINT (its cleanup, the governor's restore
+    included, runs to the end); the exit code, ``128 + signal`` when one stopped it."""
+    import signal
+
+    signalled: list[int] = []
+    rc = 0
+    body = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+
+        async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            try:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    task_status.started()
+                    # Only the run is cancelled, never this receiver: it keeps every later signal
+                    # until the run (the governor's restore included) has unwound. A receiver that
+                    # closed with the run would hand a second SIGTERM to the default handler,
+                    # which kills the process half-way through the restore.
+                    async for signum in signals:
+                        if not signalled:
+                            signalled.append(int(signum))
+                            body.cancel()
+            finally:
+                if signalled:
+                    # Closing the receiver put the default handlers back; this process is on
+                    # its way out with the clocks restored, and a later signal would only turn
+                    # that exit into a kill (and cut the session's own cleanup short).
+                    for s in (signal.SIGTERM, signal.SIGINT):
+                        signal.signal(s, signal.SIG_IGN)
+
+        await tg.start(watch)
+        try:
+            with body:
+                rc = await body_fn()
+        finally:
+            tg.cancel_scope.cancel()
+    if signalled:
+        print(f"hetsched run: stopped by signal {signalled[0]}; clocks restored", file=sys.stderr)
+        return 128 + signalled[0]
+    return rc
+
+
+def main(args: argparse.Namespace) -> int:
     from hetsched import Session
 
     if is_multi(args):
@@ -216,17 +373,7 @@ def main(args: argparse.Namespace) -> int:
     require_shapes(resolve_model_arg(args.model), shapes, "hetsched run's inputs")
     calibration = calibration_arg(args, resolve_model_arg(args.model), "hetsched run")
     devices = select_devices(args.devices, args.root)
-
-    if args.governor != "none" and not args.root:
-        raise SystemExit("hetsched run: --governor needs --root DIR (use --root / on a real board)")
-    if args.strict_budget and (args.power_budget is None or args.governor == "none"):
-        raise SystemExit("hetsched run: --strict-budget needs --governor phase and --power-budget W")
-    period_ms = args.frame_period_ms if args.frame_period_ms is not None else args.frame_deadline_ms
-    if period_ms is not None and args.frame_deadline_ms is None:
-        raise SystemExit("hetsched run: --frame-period-ms needs --frame-deadline-ms")
-    if period_ms is not None and (args.stream or args.concurrency != 1):
-        raise SystemExit("hetsched run: --frame-deadline-ms paces one request per frame (no --stream, --concurrency 1)")
-    signalled: list[int] = []
+    period_ms = _check_args(args)
 
     async def serve(hooks: list) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
@@ -236,131 +383,14 @@ def main(args: argparse.Namespace) -> int:
             feeds = random_feeds(s.get_inputs(), shapes=shapes)
             for _ in range(args.warmup):  # not in the figures: the first runs start contexts
                 await s.run(feeds)
-            progress = Progress(args.requests, enabled=True if args.progress else None)
             board = BoardEnergy(args.root) if args.root else None
-            t0 = time.perf_counter()
-            if args.stream:
-                done = await sampled(board, lambda: stream_requests(s, feeds, args.requests, progress))
-                wall = time.perf_counter() - t0
-                summary: dict = {"model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": done,
-                                 "mode": "stream", "throughput_rps": done / wall}
-            else:
-                paced = None
-                if period_ms is not None:
-                    paced = await sampled(board, lambda: paced_requests(
-                        s, feeds, args.requests, period_ms / 1e3, args.frame_deadline_ms / 1e3, progress, board),
-                        background=False)
-                    lat = paced.latencies_s
-                else:
-                    lat = await sampled(board, lambda: run_requests(s, feeds, args.requests, args.concurrency, progress))
-                wall = time.perf_counter() - t0
-                summary = {
-                    "model": str(args.model), "stages": with_accuracy(s, stage_rows(s.plan)), "requests": len(lat),
-                    "latency_ms_median": statistics.median(lat) * 1e3,
-                    "latency_ms_p99": sorted(lat)[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
-                    "throughput_rps": len(lat) / wall,
-                }
-                if paced is not None:
-                    summary.update({"frame_deadline_ms": args.frame_deadline_ms, "frame_period_ms": period_ms,
-                                    "deadline_misses": paced.misses, "frame_overruns": paced.overruns,
-                                    "latency_source": paced.source})
-            summary["warmup_requests"] = args.warmup  # run first, left out of the latency figures
-            summary["inputs"] = {name: list(np.shape(v)) for name, v in feeds.items()}
-            summary["refused"] = s.plan.to_json()["refused"]
-            comp = s.statistics().compile
-            summary["compile"] = {"conversions": comp.conversions, "cache_hits": comp.cache_hits,
-                                  "seconds": comp.seconds}
-            if args.check:
-                reference = await anyio.to_thread.run_sync(reference_outputs, resolve_model_arg(args.model), feeds)
-                summary["check"] = compare_outputs(reference, await s.run(feeds))
-            modelled = modelled_rows(s)
-            if modelled:
-                summary["modelled"] = modelled
-            st = s.statistics()
-            summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
-                                  "reasons": dict(st.replanning.reasons)}
-            summary["energy_j"] = st.energy_j
-            summary["energy_per_request_j"] = None
-            if st.energy_j is not None and summary["requests"]:
-                summary["energy_per_request_j"] = st.energy_j / summary["requests"]
-                summary["energy"] = {"joules": st.energy_j, "source": st.energy_source,
-                                     "mj_per_request": st.energy_j / summary["requests"] * 1e3}
-            summary.update(board.fields(summary["requests"]) if board is not None else {
-                "board_energy_j": None, "board_energy_per_request_j": None, "board_energy_source": None,
-                "board_energy_note": "no --root: the board's rails are read only under --root DIR (--root / on a board)"})
-            gov_stats = governor_statistics(hooks)
-            if gov_stats:
-                summary["governor"] = gov_stats
+            summary = await _measure(s, args, feeds, board, period_ms)
+            await _complete(s, args, summary, feeds, board, hooks)
             if args.json:
                 print(json.dumps(summary))
             else:
-                print(s.plan.table())
-                if args.stream:
-                    print(f"{summary['requests']} requests streamed: {summary['throughput_rps']:.1f} req/s")
-                else:
-                    print(f"{summary['requests']} requests: median {summary['latency_ms_median']:.2f} ms, "
-                          f"p99 {summary['latency_ms_p99']:.2f} ms, {summary['throughput_rps']:.1f} req/s"
-                          f" ({args.warmup} warm-up request(s) first, not counted)")
-                if "deadline_misses" in summary:
-                    print(f"frame-paced every {period_ms:g} ms: {summary['deadline_misses']} of {summary['requests']} "
-                          f"missed the {args.frame_deadline_ms:g} ms deadline ({summary['latency_source']} latency)")
-                if args.check:
-                    print(f"check vs onnxruntime: max |diff| {summary['check']['max_abs_diff']:.3g}, "
-                          f"min cosine {summary['check']['min_cosine']:.6f}")
-                if modelled:
-                    print_modelled(modelled, f"board under {args.root}")
-                if st.replanning.replans:
-                    print(f"re-planned {st.replanning.replans} time(s) while serving; last: {st.replanning.last_reason}")
-                if "energy" in summary:
-                    print(f"stage energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
-                          f"({summary['energy']['source']}, every stage run, re-planned ones included)")
-                if board is not None:
-                    if summary["board_energy_per_request_j"] is not None:
-                        print(f"board energy: {summary['board_energy_per_request_j'] * 1e3:.3f} mJ per request "
-                              f"({summary['board_energy_source']} over the run, idle between requests included)")
-                    else:
-                        print(f"board energy: n/a ({summary['board_energy_note']})")
-                if gov_stats:
-                    print_governor_summary(gov_stats)
+                _print_text(s, args, summary, period_ms)
         return 0
 
-
-    async def go() -> int:
-        import signal
-
-        rc = 0
-        body = anyio.CancelScope()
-        async with anyio.create_task_group() as tg:
-
-            async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-                try:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        task_status.started()
-                        # Only the run is cancelled, never this receiver: it keeps every later signal
-                        # until the run (the governor's restore included) has unwound. A receiver that
-                        # closed with the run would hand a second SIGTERM to the default handler,
-                        # which kills the process half-way through the restore.
-                        async for signum in signals:
-                            if not signalled:
-                                signalled.append(int(signum))
-                                body.cancel()
-                finally:
-                    if signalled:
-                        # Closing the receiver put the default handlers back; this process is on
-                        # its way out with the clocks restored, and a later signal would only turn
-                        # that exit into a kill (and cut the session's own cleanup short).
-                        for s in (signal.SIGTERM, signal.SIGINT):
-                            signal.signal(s, signal.SIG_IGN)
-
-            await tg.start(watch)
-            try:
-                with body:
-                    rc = await (run_governed(args, serve) if args.governor != "none" else serve([]))
-            finally:
-                tg.cancel_scope.cancel()
-        if signalled:
-            print(f"hetsched run: stopped by signal {signalled[0]}; clocks restored", file=sys.stderr)
-            return 128 + signalled[0]
-        return rc
-
-    return anyio.run(go)
+    return anyio.run(_until_signalled,
+                     lambda: run_governed(args, serve) if args.governor != "none" else serve([]))
