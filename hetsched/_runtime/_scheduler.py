@@ -194,6 +194,9 @@ class Scheduler:
         with self.fair_lock:
             self._tenants = [*self._tenants, tenant]
             self.shared = self.priorities and len(self._tenants) > 1
+            if self.shared:
+                for t in self._tenants:
+                    t.tracks = True
         return tenant
 
     async def detach(self, tenant: Tenant) -> TenantStatistics:

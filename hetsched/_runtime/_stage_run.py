@@ -113,7 +113,8 @@ class StageRunner:
         """
         tenant = req.tenant
         assert tenant is not None, "a scheduled request belongs to a tenant"
-        if req.deadline is not None and not req.flagged and self._host.priorities and tenant.late(req, st, worker):
+        if (req.deadline is not None and not req.flagged and not req.closed and self._host.priorities
+                and tenant.late(req, st, worker)):
             return  # it can no longer meet its deadline: queued again behind those that still can
         inputs = req.program.inputs[st.sid]
         feeds: dict[str, Any] = {}
@@ -210,9 +211,10 @@ class StageRunner:
                         self.stage_runs_to_caller += 1
                     else:
                         self.stage_runs_unbound += 1
-                    est = tenant.estimates
-                    old = est.get(st)
-                    est[st] = seconds if old is None else old + _EWMA * (seconds - old)
+                    if tenant.tracks:  # estimates feed deadlines and fair tags only
+                        est = tenant.estimates
+                        old = est.get(st)
+                        est[st] = seconds if old is None else old + _EWMA * (seconds - old)
                     if tenant.learn:
                         st.samples.append(seconds)
                         if len(st.samples) >= _LEARN_BATCH:
@@ -338,8 +340,14 @@ class StageRunner:
                     host.finish_locked(req)
                     finished = not notify
                     notify = True
-        for nxt in ready:
-            host.push(req, nxt)
+        if ready:
+            if req.deadline is None:  # no key to compute: straight onto the heaps
+                workers = host.workers
+                for nxt in ready:
+                    workers[nxt.device].push(req, nxt)
+            else:
+                for nxt in ready:
+                    host.push(req, nxt)
         if restart:
             tenant.restart(req)
         elif finished:

@@ -169,6 +169,9 @@ class Tenant:
         self._lock = threading.Lock()
         self.estimates: dict[StageRuntime, float] = {}
         """Per stage, an EWMA of its run time (updated by the stage runner, any thread)."""
+        self.tracks = slo_s is not None
+        """Its stage estimates are kept up to date: it has had a request with an SLO, or
+        shares the scheduler with other tenants (fair tags)."""
         self.busy: dict[str, float] = {}
         """Per device, busy seconds (updated by the stage runner under its lock)."""
         self.stage_runs = 0
@@ -352,19 +355,24 @@ class Tenant:
         :raises RuntimeStateError: the tenant is detached.
         :raises ValueError: ``slo_s`` is not positive.
         """
-        self._check_open()
+        if self.detaching:
+            self._check_open()
         slo = self.slo_s if slo_s is DEFAULT_SLO else slo_s
         if slo is not None and not slo > 0:
             raise ValueError(f"slo_s must be positive or None, got {slo!r}")
         sch = self.scheduler
         req = Request(rid, priority, 0.0, program, feeds, sch.new_waiter() if waiter is NEW_WAITER else waiter,
                       copy_out, self)
-        if slo is not None:
-            req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
         with self._lock:
             self.requests += 1
             self.live += 1
             self._requests.add(req)
+        if slo is None and not sch.shared:  # the common case, inline: admission order
+            req.admitted = now = sch.monotonic()
+            req.key = now + priority * sch.step
+            return req
+        if slo is not None:
+            req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
         self.admit(req)
         return req
 
@@ -383,6 +391,7 @@ class Tenant:
                 req.key = now + req.priority * step
             return
         req.deadline = now + slo
+        self.tracks = True
         sch.saw_slo(slo)
         if not sch.priorities:
             req.key = now
