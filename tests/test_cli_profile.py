@@ -312,3 +312,41 @@ async def test_session_profile_reports_progress() -> None:
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] == entries > 0
     assert all(t == calls[0][1] for _, t in calls)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_a_profile_that_is_no_regular_file_is_a_unit_error_not_a_crash(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's profile is read with ``read_regular_file`` (bounded, regular files only): a
+    directory where the profile should be becomes the unit's error (the old ``read_text`` raised
+    IsADirectoryError out of the profile run)."""
+    import numpy as np
+
+    import hetsched._onnxruntime as ort_mod
+    from hetsched._cli._profile import _time_cpu
+    from hetsched.backends.cpu import CpuBackend
+
+    class _Wrapped:
+        def __init__(self, sess: object) -> None:
+            self._sess = sess
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._sess, name)
+
+        def end_profiling(self) -> str:
+            real = self._sess.end_profiling()  # type: ignore[attr-defined]
+            os.unlink(real)
+            os.mkdir(real)  # a directory where the profile was
+            return real
+
+    real_session = ort_mod.ort_session
+    monkeypatch.setattr(ort_mod, "ort_session", lambda *a, **k: _Wrapped(real_session(*a, **k)))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    dev = Device(name=f"cpu:{cpu}", kind="cpu", cpus=(cpu,), backend="cpu")
+    timing, values = _time_cpu(CpuBackend(), model, (0,), dev, {"x": np.ones([1, 4], np.float32)}, 1, 0)
+    assert timing.seconds is None and "onnxruntime's profile could not be read" in (timing.error or "")
+    assert "not a regular file" in (timing.error or "") or "directory" in (timing.error or "")
+    np.testing.assert_array_equal(values["y"], np.ones([1, 4], np.float32))

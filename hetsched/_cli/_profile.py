@@ -99,6 +99,7 @@ def _time_cpu(backend: Any, model: onnx.ModelProto, node_ids: tuple[int, ...], d
     from hetsched._errors import CompileError, StageExecutionError
     from hetsched._onnxruntime import ort_session
     from hetsched._platform.affinity import pin_current_thread
+    from hetsched._platform.files import read_regular_file
 
     from ._profile_report import UnitTiming, median_run, parse_ort_profile
 
@@ -127,9 +128,12 @@ def _time_cpu(backend: Any, model: onnx.ModelProto, node_ids: tuple[int, ...], d
             if prev is not None:
                 os.sched_setaffinity(0, prev)
             path = sess.end_profiling()
-        events = json.loads(Path(path).read_text())
+        values = dict(zip(names, out, strict=True))
+        try:  # onnxruntime wrote it into our scratch directory: still read only a regular file, bounded
+            events = json.loads(read_regular_file(path, what="onnxruntime profile"))
+        except (OSError, ValueError) as exc:  # NotRegularFileError, a truncated or unreadable profile
+            return UnitTiming(uid, dev.name, None, error=f"onnxruntime's profile could not be read: {exc}"), values
     run = median_run(parse_ort_profile(events))
-    values = dict(zip(names, out, strict=True))
     if run is None:
         return UnitTiming(uid, dev.name, None, error="onnxruntime's profile has no model_run"), values
     return UnitTiming(uid, dev.name, run.seconds, "measured", dict(run.nodes), sum(run.other.values())), values
@@ -231,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
     devices = select_devices(args.devices, args.root)
     notes: list[str] = []
     if args.root and not args.devices:
-        from hetsched._planning.devices import board_device_notes
+        from hetsched._devices.resolve import board_device_notes
 
         notes.extend(board_device_notes(args.root))
     enabled = False if args.json or args.quiet else (True if args.progress else None)

@@ -36,7 +36,9 @@ __all__ = [
     "FoldConfig",
     "FoldStatistics",
     "ShapeBoundary",
+    "control_flow_reads",
     "fold_shape_arithmetic",
+    "relax_control_flow_inputs",
     "shape_boundaries",
 ]
 
@@ -246,6 +248,55 @@ def fold_shape_arithmetic(model: onnx.ModelProto, config: FoldConfig = FOLD,
         removed += r
         rounds += 1
     return current, FoldStatistics(folded, removed, rounds)
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))]
+
+
+def control_flow_reads(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """The values the control-flow nodes among ``nodes`` (any node with a subgraph: If, Loop,
+    Scan) read: their own inputs and every value their bodies read from the outer scope."""
+    names: set[str] = set()
+    for node in nodes:
+        bodies = _bodies(node)
+        if bodies:
+            names.update(n for n in node.input if n)
+            for body in bodies:
+                names.update(_outer_names(body))
+    return names
+
+
+def relax_control_flow_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (modified in place: a stage model just built) with each graph input that a
+    control-flow node reads declared with its rank only (symbolic dims), and no ``value_info``
+    for the values such a node reads.
+
+    onnxruntime type-checks *every* branch of an ``If`` (and a ``Loop``/``Scan`` body) against the
+    declared dims of the values it reads, also the branch that never runs at these shapes:
+    Silero VAD's branches (16 and 8 kHz) only type-check with the input's dims free, so fixing
+    them (``shapes=``, ``--shape``) made onnxruntime refuse the model ("LSTM: first input tensor
+    must have rank 3"). The fixed shapes still hold at the session's boundary (feeds are checked
+    against them) and for planning; only the control-flow stage's own declaration stays free.
+    A model without control flow is returned untouched.
+    """
+    reads = control_flow_reads(model.graph.node)
+    if not reads:
+        return model
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name not in reads or vi.name in inits or vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        shape = vi.type.tensor_type.shape
+        for k, d in enumerate(shape.dim):
+            d.Clear()
+            d.dim_param = f"{vi.name}_dim{k}"
+    kept = [vi for vi in model.graph.value_info if vi.name not in reads]
+    if len(kept) != len(model.graph.value_info):
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept)
+    return model
 
 
 @dataclass(frozen=True)
