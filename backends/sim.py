@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 import onnx
@@ -32,6 +32,11 @@ from hetsched._planning.devices import host_cpus
 
 from ._base import NO_BACKEND_HOOKS, Capabilities, CompiledStage, Device, OpRule, StageHooks, TensorSpec
 from .cpu import CpuBackend
+
+if TYPE_CHECKING:
+    from hetsched._twin.contention import SharedRun
+
+_T = TypeVar("_T")
 
 __all__ = ["OP_SETS", "SimBackend", "SimStage", "SimStageStatistics", "twin_devices"]
 
@@ -90,6 +95,9 @@ class SimStageStatistics:
     modelled_energy_j: float
     last_modelled_s: float
     host_time_s: float
+    busy_time_s: float = 0.0
+    """Modelled device time that was this stage's own: ``modelled_time_s`` less the waits of
+    sharing the device with other runs in flight on the twin board (``hetsched/_twin/contention.py``)."""
 
 
 class SimStage:
@@ -109,9 +117,14 @@ class SimStage:
         self._energy = 0.0
         self._last = 0.0
         self._host = 0.0
+        self._busy = 0.0
         self._local = threading.local()  # per worker thread: (seconds, joules) of its last run
         root = device.options.get("root")
         self._root: str | None = str(root) if root is not None else None
+        from hetsched._twin.contention import shared_board
+
+        # the twin board the device belongs to: runs in flight on it at once share it
+        self._board = shared_board(self._root or f"soc:{device.options.get('soc', '')}")
         self._reporter: Any = None
         self._reporter_checked = -1.0
         inner_hooks = inner.hooks
@@ -139,22 +152,43 @@ class SimStage:
         return t, energy, t_mem
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return self._timed(lambda: self._inner.run(feeds))
+
+    def _timed(self, call: Callable[[], _T]) -> _T:
+        """Run ``call`` (the inner stage's run) as one run in flight on the shared twin board
+        (``hetsched/_twin/contention.py``: runs on the board at once share it) and count it.
+        Subclasses wrapping another engine (RKNN, ncnn) run through this too."""
+        t, e, t_mem = self._roofline()
+        token = self._board.begin(self.device.name, t, min(t_mem, t))
         t0 = time.perf_counter()
-        out = self._inner.run(feeds)
-        self._account(time.perf_counter() - t0)
+        try:
+            out = call()
+        finally:
+            shared = self._board.end(token)
+        self._account(time.perf_counter() - t0, shared, e)
         return out
 
-    def _account(self, host_s: float) -> None:
-        t, e, t_mem = self._roofline()
+    def _account(self, host_s: float, shared: SharedRun | None = None, alone_energy_j: float = 0.0) -> None:
+        """Count one run: its modelled time with the board's sharing (``shared``); its energy
+        follows its own busy time (a stall on a saturated DRAM keeps the device busy). Without
+        ``shared`` (a caller that timed the run itself, not through :meth:`_timed`): a lone run."""
+        if shared is None:
+            from hetsched._twin.contention import SharedRun
+
+            t_alone, alone_energy_j, t_mem = self._roofline()
+            shared = SharedRun(t_alone, t_alone, t_alone, t_mem, 1.0, 1.0)
+        t = shared.latency_s
+        e = alone_energy_j * shared.busy_s / shared.alone_s if shared.alone_s > 0 else alone_energy_j
         self._local.last = (t, e)
         with self._lock:
             self._runs += 1
             self._time += t
+            self._busy += shared.busy_s
             self._energy += e
             self._last = t
             self._host += host_s
         if self._root is not None:
-            self._report(t, t_mem)
+            self._report(shared.busy_s, shared.memory_s)
 
     def _report(self, busy_s: float, memory_s: float) -> None:
         """Tell a live twin under the device's root that its domain was busy ``busy_s`` board
@@ -204,13 +238,11 @@ class SimStage:
         if inner is None:  # never: hooks.in_place is None then, so the runtime does not call it
             raise StageExecutionError(f"stage {self.name!r} cannot run in place", stage=self.name,
                                       device=self.device.name)
-        t0 = time.perf_counter()
-        inner.run_into(feeds, outputs)
-        self._account(time.perf_counter() - t0)
+        self._timed(lambda: inner.run_into(feeds, outputs))
 
     def statistics(self) -> SimStageStatistics:
         with self._lock:
-            return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host)
+            return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host, self._busy)
 
     def close(self) -> None:
         reporter, self._reporter = self._reporter, None

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pytest
 
 from hetsched import TwinError
@@ -111,3 +117,77 @@ def test_misuse_is_a_twin_error() -> None:
 def test_shared_board_is_one_per_key() -> None:
     assert shared_board("soc:test-a") is shared_board("soc:test-a")
     assert shared_board("soc:test-a") is not shared_board("soc:test-b")
+
+
+# ---- through the twin's simulated stages (backends/sim.py): two sessions' stages at once
+
+
+class _BlockingInner:
+    """An inner stage that returns once the test lets it (so two runs are in flight at once)."""
+
+    def __init__(self, go: threading.Event) -> None:
+        from hetsched.backends import NO_STAGE_HOOKS
+
+        self.input_names, self.output_names, self.hooks = ("x",), ("y",), NO_STAGE_HOOKS
+        self.go = go
+
+    def run(self, feeds: Any) -> list[Any]:
+        assert self.go.wait(10)
+        return [feeds["x"]]
+
+    def close(self) -> None:
+        pass
+
+
+def _stages(tmp_path: Path, names: tuple[str, ...], flops: float, nbytes: float
+            ) -> tuple[ManualClock, BoardContention, list[Any], threading.Event]:
+    from hetsched.backends.sim import SimStage, twin_devices
+
+    clock = ManualClock()
+    board = shared_board(str(tmp_path), clock=clock)
+    devices = {d.name: d for d in twin_devices("rk3588", root=str(tmp_path))}
+    go = threading.Event()
+    return clock, board, [SimStage(_BlockingInner(go), f"s{i}", devices[n], flops, nbytes)
+                          for i, n in enumerate(names)], go
+
+
+def _run_together(clock: ManualClock, board: BoardContention, stages: list[Any], go: threading.Event) -> None:
+    x = np.zeros(4, np.float32)
+    threads = [threading.Thread(target=s.run, args=({"x": x},)) for s in stages]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while board.statistics().in_flight < len(stages):
+        assert time.monotonic() < deadline, "the stages never ran at once"
+        time.sleep(0.001)
+    clock.now += 1.0
+    go.set()
+    for t in threads:
+        t.join(10)
+
+
+def test_two_sessions_stages_on_one_twin_device_share_it(tmp_path: Path) -> None:
+    clock, board, (a, b), go = _stages(tmp_path, ("npu", "npu"), 2e9, 1e6)
+    alone = a.modelled()[0]
+    _run_together(clock, board, [a, b], go)
+    for s in (a, b):
+        st = s.statistics()
+        assert st.modelled_time_s == pytest.approx(2 * alone)  # each one's modelled time grows
+        assert st.busy_time_s == pytest.approx(alone)
+    # the device's busy time is the sum of the two stages' own
+    assert board.statistics().busy_s["npu"] == pytest.approx(a.statistics().busy_time_s + b.statistics().busy_time_s)
+    # alone again: the lone roofline figure
+    a.run({"x": np.zeros(4, np.float32)})
+    assert a.statistics().last_modelled_s == pytest.approx(alone)
+
+
+def test_memory_bound_stages_on_two_twin_devices_share_the_bandwidth(tmp_path: Path) -> None:
+    clock, board, (npu, gpu), go = _stages(tmp_path, ("npu", "gpu"), 1e3, 5e8)  # memory-bound on both
+    alone = {s.device.name: s.modelled() for s in (npu, gpu)}
+    _run_together(clock, board, [npu, gpu], go)
+    for s in (npu, gpu):
+        st = s.statistics()
+        t, e = alone[s.device.name]
+        assert st.modelled_time_s == pytest.approx(2 * t, rel=1e-3)  # both demand all of DRAM: half each
+        assert st.busy_time_s == pytest.approx(st.modelled_time_s)  # the stall keeps the device busy
+        assert st.modelled_energy_j == pytest.approx(2 * e, rel=1e-3)

@@ -191,7 +191,7 @@ def governor_statistics(hooks: list) -> dict:
     return {}
 
 
-_SINGLE_ONLY = (("governor", "none", "--governor"), ("trace", None, "--trace"), ("stream", False, "--stream"),
+_SINGLE_ONLY: tuple[tuple[str, object, str], ...] = (("governor", "none", "--governor"), ("trace", None, "--trace"), ("stream", False, "--stream"),
                 ("check", False, "--check"), ("frame_deadline_ms", None, "--frame-deadline-ms"),
                 ("concurrency", 1, "--concurrency"), ("shape", [], "--shape"))
 

@@ -78,7 +78,7 @@ def is_multi(args: argparse.Namespace) -> bool:
 def _split(value: str | None, n: int, what: str) -> list[str | None]:
     if value is None:
         return [None] * n
-    parts = [v.strip() for v in value.split(",")]
+    parts: list[str | None] = [v.strip() for v in value.split(",")]
     if len(parts) == 1:
         return parts * n
     if len(parts) != n:

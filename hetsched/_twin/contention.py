@@ -200,10 +200,18 @@ _BOARDS: dict[str, BoardContention] = {}
 _BOARDS_LOCK = threading.Lock()
 
 
-def shared_board(key: str) -> BoardContention:
-    """The process's :class:`BoardContention` of the board ``key`` (a twin root, or ``"soc:<name>"``)."""
+def shared_board(key: str, *, clock: Callable[[], float] | None = None) -> BoardContention:
+    """The process's :class:`BoardContention` of the board ``key`` (a twin root, or ``"soc:<name>"``).
+
+    ``clock``: the clock of a board made now (tests inject one before the first stage of that
+    board exists).
+
+    :raises TwinError: ``clock`` given for a board that already exists (it keeps its clock).
+    """
     with _BOARDS_LOCK:
         board = _BOARDS.get(key)
         if board is None:
-            board = _BOARDS[key] = BoardContention()
+            board = _BOARDS[key] = BoardContention(clock)
+        elif clock is not None:
+            raise TwinError(f"contention: the board {key!r} already exists with its own clock")
         return board
