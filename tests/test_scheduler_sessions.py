@@ -78,7 +78,7 @@ async def test_a_high_request_of_session_b_overtakes_queued_background_requests_
             async def run(s: Session, tag: float, priority: Priority) -> None:
                 out = await s.run(_feeds(tag), priority=priority)
                 with board.lock:
-                    board.order.append((s.name, tag))
+                    board.order.append((str(s.name), tag))
                 assert np.array_equal(out["y"], -_feeds(tag)["x"])
 
             async with anyio.create_task_group() as tg:
@@ -114,7 +114,7 @@ async def test_closing_one_session_while_both_serve_drains_only_its_requests() -
             async def run(s: Session, tag: float) -> None:
                 out = await s.run(_feeds(tag))
                 assert np.array_equal(out["y"], -_feeds(tag)["x"])
-                answered[s.name].append(tag)
+                answered[str(s.name)].append(tag)
 
             async with anyio.create_task_group() as tg:
                 a = await tg.start(serve_a)

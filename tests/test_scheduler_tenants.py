@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import numpy as np
@@ -70,7 +70,7 @@ class _Stage:
         """The optional protocols it declares: running in place when ``bound``."""
         from hetsched.backends._base import StageHooks
 
-        return StageHooks(in_place=self if self._bound else None)  # type: ignore[arg-type]
+        return StageHooks(in_place=cast(Any, self) if self._bound else None)
 
     def _enter(self, x: np.ndarray) -> None:
         rid = int(x[0])
@@ -249,7 +249,7 @@ async def test_later_stages_are_keyed_by_what_is_left_of_their_request(board: _B
     """The remaining estimate per stage is the longest path of stages after it."""
     t = board.attach("T", cost_s=0.01)
     req = board.request(t, Priority.NORMAL, 1, slo_s=1.0)
-    assert req.rem == {0: pytest.approx(0.01)}
+    assert dict(req.rem or {}) == {0: pytest.approx(0.01)}
     assert req.key == pytest.approx(1.0 - 0.01 + int(Priority.NORMAL) * 0.01)
     await board.run(t, req)
 
