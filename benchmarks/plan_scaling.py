@@ -15,15 +15,19 @@ noted): building the ONNX model, ``onnx.checker``, shape inference, and the
 ``GraphIndex`` (timed on its own as ``index_s``). Stage extraction/compilation happen
 at session start, not in planning, and are not part of this benchmark.
 
-Fields: ``seconds_1k`` / ``seconds_10k`` are the slowest (graph shape x policy)
-configuration's best time over ``--repeats`` runs (as ``timeit`` reports: on a shared
-host other processes only ever add time; medians are in ``detail``), ``cpu_seconds_1k`` /
-``cpu_seconds_10k`` the same in this process's CPU time (what other processes on a loaded
-host cannot add to); ``growth_10x = seconds_10k / seconds_1k``. A full garbage collection
-runs before each timed run so one run's garbage is not collected during the next.
-Targets (issue 24): ``seconds_1k <= 0.05``, ``seconds_10k <= 0.3`` (moonshot 0.2) and
-``growth_10x <= 12``; each configuration's stage count is in ``detail`` (116-135 stages at
-1k before stages had to pay for their boundaries). The last line printed is one JSON object.
+Each timed run plans on a fresh ``GraphIndex`` (built untimed just before), so nothing the
+index caches (value shapes, constant and shape-arithmetic nodes) carries over from the run
+before: every run is a first plan, as at a session's opening. A full garbage collection runs
+before each timed run so one run's garbage is not collected during the next.
+
+Fields: ``seconds_1k`` / ``seconds_10k`` are the slowest (graph shape x policy) configuration's
+median wall time over ``--repeats`` runs, ``cpu_seconds_1k`` / ``cpu_seconds_10k`` the same in
+this process's CPU time (what other processes on a loaded, shared host cannot add to); each
+configuration's best times and its stage count are in ``detail``; ``growth_10x = seconds_10k /
+seconds_1k``. Targets (issue 24): ``seconds_1k <= 0.05``, ``seconds_10k <= 0.3`` (moonshot 0.2)
+and ``growth_10x <= 12``; ``meets_target`` judges the CPU medians (a loaded host only adds wall
+time), ``meets_target_wall`` the wall medians. 116-135 stages at 1k before stages had to pay for
+their boundaries. The last line printed is one JSON object.
 
 Usage: ``python benchmarks/plan_scaling.py [--repeats N] [--sizes 1000 10000]``
 """
@@ -118,36 +122,36 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
         for n in sizes:
             model = load_model(make(n))  # checked + shape-inferred: not timed
             t0 = time.perf_counter()
-            index = GraphIndex(model)
+            assert len(GraphIndex(model)) == n
             index_s = time.perf_counter() - t0
-            assert len(index) == n
             for policy in POLICIES:
                 times = []
                 cpu = []
                 plan = None
                 for _ in range(repeats):
                     plan = None
+                    index = GraphIndex(model)  # a first plan: nothing cached on the index
                     gc.collect()
                     t0, c0 = time.perf_counter(), time.process_time()
                     plan = build_plan(index, devices, policy, max_unit_nodes=1)
                     times.append(time.perf_counter() - t0)
                     cpu.append(time.process_time() - c0)
                 assert plan is not None
-                med = statistics.median(times)
+                med, med_cpu = statistics.median(times), statistics.median(cpu)
                 detail[f"{shape}_{n}_{policy}"] = {
                     "nodes": n, "units": len(plan.units), "stages": len(plan.stages),
                     "plan_s_median": round(med, 4), "plan_s_min": round(min(times), 4),
-                    "plan_cpu_s_min": round(min(cpu), 4),
+                    "plan_cpu_s_median": round(med_cpu, 4), "plan_cpu_s_min": round(min(cpu), 4),
                     "index_s": round(index_s, 4),
                     "devices_used": sorted({s.device for s in plan.stages}),
                 }
-                worst[n] = max(worst.get(n, 0.0), min(times))
-                worst_cpu[n] = max(worst_cpu.get(n, 0.0), min(cpu))
+                worst[n] = max(worst.get(n, 0.0), med)
+                worst_cpu[n] = max(worst_cpu.get(n, 0.0), med_cpu)
     for shape in SHAPES:
         for policy in POLICIES:
             a, b = detail.get(f"{shape}_{sizes[0]}_{policy}"), detail.get(f"{shape}_{sizes[-1]}_{policy}")
             if a and b and len(sizes) > 1:
-                detail[f"{shape}_{policy}_growth"] = round(b["plan_s_min"] / a["plan_s_min"], 2)
+                detail[f"{shape}_{policy}_growth"] = round(b["plan_s_median"] / a["plan_s_median"], 2)
     return {"worst": worst, "worst_cpu": worst_cpu, "detail": detail}
 
 
@@ -160,24 +164,28 @@ def main(argv: list[str] | None = None) -> int:
     worst = res["worst"]
     for key, d in res["detail"].items():
         print(f"{key}: {d}", file=sys.stderr)
-    s1 = worst.get(1000)
-    s10 = worst.get(10000)
+    s1, s10 = worst.get(1000), worst.get(10000)
+    c1, c10 = res["worst_cpu"].get(1000), res["worst_cpu"].get(10000)
     out: dict[str, Any] = {
         "benchmark": "plan_scaling",
-        "timed": "build_plan on a prebuilt GraphIndex (max_unit_nodes=1, 3 CPU devices); "
-                 "model building, checking, shape inference and GraphIndex excluded",
+        "timed": "build_plan on a fresh GraphIndex per run (max_unit_nodes=1, 3 CPU devices); model building, "
+                 "checking, shape inference and GraphIndex excluded; medians over the repeats",
+        "repeats": args.repeats,
         "seconds_1k": round(s1, 4) if s1 is not None else None,
         "seconds_10k": round(s10, 4) if s10 is not None else None,
-        "cpu_seconds_1k": round(res["worst_cpu"][1000], 4) if 1000 in res["worst_cpu"] else None,
-        "cpu_seconds_10k": round(res["worst_cpu"][10000], 4) if 10000 in res["worst_cpu"] else None,
+        "cpu_seconds_1k": round(c1, 4) if c1 is not None else None,
+        "cpu_seconds_10k": round(c10, 4) if c10 is not None else None,
         "growth_10x": round(s10 / s1, 2) if s1 and s10 else None,
         "max_stages": max(d["stages"] for d in res["detail"].values() if isinstance(d, dict)),
         "target": {"seconds_1k": 0.05, "seconds_10k": 0.3, "moonshot_seconds_10k": 0.2, "growth_10x": 12},
         "detail": res["detail"],
     }
+    if c1 and c10:
+        out["meets_target"] = c1 <= 0.05 and c10 <= 0.3 and c10 / c1 <= 12
+        out["meets_moonshot"] = c10 <= 0.2
     if s1 and s10:
-        out["meets_target"] = s1 <= 0.05 and s10 <= 0.3 and s10 / s1 <= 12
-    print(json.dumps(labelled(out, board=host(), figures=measured("planning wall time"))))
+        out["meets_target_wall"] = s1 <= 0.05 and s10 <= 0.3 and s10 / s1 <= 12
+    print(json.dumps(labelled(out, board=host(), figures=measured("planning wall and CPU time"))))
     return 0
 
 

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 import hetsched
 from hetsched import Session, load_model
+from hetsched._devices.resolve import resolve_devices
 from hetsched._planning.costs import BOUNDARY, BoundaryCosts, roofline
-from hetsched._planning.devices import resolve_devices
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.plan import OffloadReason, build_plan, unit_key
 from hetsched.backends.sim import twin_devices

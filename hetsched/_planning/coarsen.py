@@ -9,7 +9,9 @@ device that can run all of it and makes the chain of stage calls cheapest: the g
 compute there plus the boundaries it then has (one launch of the receiving device per device
 handing data over, a dispatch each, the bytes over the link), against the same where it is.
 Sweeps repeat until nothing moves (at most ``BoundaryCosts.fold_sweeps``). Each sweep is
-linear in units and edges, times the devices a group can move to.
+linear in units and edges, times the devices a group can move to. Where one device runs every
+unit at least as fast as any other (:func:`dominant_device`: e.g. the cluster of all CPU cores
+beside its single cores), everything goes there at once: no placement can beat it.
 
 The objective is the serial time of one request (stage calls and hand-offs, as a pipelined
 session pays them per request); it gives up the parallelism of branches split over devices,
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from hetsched.policies import PlacementProblem
 
-__all__ = ["coarsen"]
+__all__ = ["coarsen", "dominant_device"]
 
 _REL_EPS = 1e-9
 
@@ -58,6 +60,30 @@ def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[tu
     return out
 
 
+def dominant_device(problem: PlacementProblem, weight: Mapping[str, float] | None = None) -> str | None:
+    """The device that runs every unit at least as fast (weighted) as any of its candidates, if
+    one does: all units there is then the optimum of :func:`coarsen`'s objective (the serial time
+    of a request: weighted compute plus hand-offs, which it has none of), since no placement can
+    spend less than each unit's least weighted compute. ``None`` where no device does (ties:
+    the least total, then the first in ``problem.devices``). Linear in units times devices.
+    """
+    cost = problem.cost
+    w = {d: 1.0 if weight is None else weight.get(d, 1.0) for d in problem.devices}
+    able = [d for d in problem.devices if all(d in u.candidates for u in problem.units)]
+    if not able:
+        return None
+    totals = dict.fromkeys(able, 0.0)
+    floor = 0.0  # no placement's serial time is below this
+    for u in problem.units:
+        uid = u.id
+        least = min(w[d] * cost[(uid, d)] for d in u.candidates)
+        floor += least
+        for d in able:
+            totals[d] += w[d] * cost[(uid, d)]
+    best = min(able, key=lambda d: totals[d])
+    return best if totals[best] <= floor * (1 + _REL_EPS) else None
+
+
 def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Mapping[str, float],
             *, weight: Mapping[str, float] | None = None, max_sweeps: int = 8,
             ) -> tuple[dict[int, str], dict[int, str]]:
@@ -75,6 +101,14 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
     out = dict(assignment)
     left: dict[int, str] = {}
     if len(problem.devices) < 2 or not problem.units or max_sweeps <= 0:
+        return out, left
+    everything = dominant_device(problem, weight)
+    if everything is not None:
+        # No placement beats it: every move of the sweeps below could only reach it or stop short.
+        for u in problem.units:
+            if out[u.id] != everything:
+                left[u.id] = out[u.id]
+                out[u.id] = everything
         return out, left
     units = {u.id: u for u in problem.units}
     cost = problem.cost

@@ -228,33 +228,48 @@ def _shape(t: onnx.TypeProto | None) -> tuple[list[int], int] | None:
     tt = t.tensor_type
     if not tt.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tt.shape.dim]
+    # (an unset dim_value reads 0: a free dim counts as 1, like a negative one)
+    dims = [v if v > 0 else 1 for v in (d.dim_value for d in tt.shape.dim)]
     return dims, tt.elem_type
 
 
+_NO_SHAPE: tuple[None, float, float] = (None, 1.0, 4.0)
+
+
+def _value(index: GraphIndex, name: str) -> tuple[tuple[list[int], int] | None, float, float]:
+    """``(shape and element type, elements, bytes)`` of a value: unknown dims count as 1, an
+    unknown type as one 4-byte element. Planning reads each value several times (as an output,
+    then per consumer; a shared weight per reader): the protobuf is decoded once per value and
+    index, and the sizes computed once."""
+    cache: dict[str, tuple[tuple[list[int], int] | None, float, float]] = index.__dict__.setdefault(
+        "_value_cache", {})
+    got = cache.get(name)
+    if got is None:
+        s = _shape(index.value_type(name))
+        if s is None:
+            got = _NO_SHAPE
+        else:
+            n = float(math.prod(s[0]))
+            got = (s, n, n * _ELEM_SIZE.get(s[1], 4))
+        cache[name] = got
+    return got
+
+
 def _shape_of(index: GraphIndex, name: str) -> tuple[list[int], int] | None:
-    # Planning reads each value's shape several times (as an output, then per consumer);
-    # decoding the protobuf once per value keeps planning linear and cheap.
-    cache: dict[str, tuple[list[int], int] | None] = index.__dict__.setdefault("_shape_cache", {})
-    try:
-        return cache[name]
-    except KeyError:
-        s = cache[name] = _shape(index.value_type(name))
-        return s
+    return _value(index, name)[0]
 
 
 def value_bytes(index: GraphIndex, name: str) -> float:
     """Bytes of a value from its inferred type; unknown dims count as 1, unknown types as 4 bytes."""
-    s = _shape_of(index, name)
-    if s is None:
-        return 4.0
-    dims, et = s
-    return float(math.prod(dims) * _ELEM_SIZE.get(et, 4))
+    return _value(index, name)[2]
 
 
 def _numel(index: GraphIndex, name: str) -> float:
-    s = _shape_of(index, name)
-    return float(math.prod(s[0])) if s else 1.0
+    return _value(index, name)[1]
+
+
+_HEAVY = frozenset({"Conv", "ConvInteger", "QLinearConv", "ConvTranspose", "MatMul", "MatMulInteger", "Gemm",
+                    "QLinearMatMul", "FusedMatMul", "LSTM", "GRU", "RNN"})
 
 
 def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
@@ -262,13 +277,23 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
     costs: list[NodeCost] = []
     graph_nodes = index.graph.node
     for ref in index.nodes:
-        node = graph_nodes[ref.index]
         op = ref.op_type
-        out_elems = sum(_numel(index, o) for o in ref.outputs) or 1.0
-        nbytes = sum(value_bytes(index, v) for v in ref.inputs) + sum(value_bytes(index, o) for o in ref.outputs)
+        in_bytes = out_bytes = out_elems = 0.0
+        for v in ref.inputs:
+            in_bytes += _value(index, v)[2]
+        for o in ref.outputs:
+            _, n, b = _value(index, o)
+            out_elems += n
+            out_bytes += b
+        nbytes = in_bytes + out_bytes
+        out_elems = out_elems or 1.0
         flops = out_elems
+        if op not in _HEAVY and not ref.has_subgraph:
+            costs.append(NodeCost(flops, nbytes))
+            continue
+        node = graph_nodes[ref.index]
         if op in ("Conv", "ConvInteger", "QLinearConv", "ConvTranspose") and len(node.input) > 1:
-            w = _shape(index.value_type(node.input[1] if op != "QLinearConv" else node.input[3]))
+            w = _shape_of(index, node.input[1] if op != "QLinearConv" else node.input[3])
             if w is not None:
                 per_out = math.prod(w[0][1:])
                 if op == "ConvTranspose":
@@ -276,7 +301,7 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
                 else:
                     flops = 2.0 * out_elems * per_out
         elif op in ("MatMul", "MatMulInteger", "Gemm", "QLinearMatMul", "FusedMatMul"):
-            a = _shape(index.value_type(node.input[0]))
+            a = _shape_of(index, node.input[0])
             if a is not None and a[0]:
                 k = a[0][-1]
                 if op == "Gemm":
@@ -285,9 +310,9 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
                         k = a[0][-2]
                 flops = 2.0 * out_elems * k
         elif op in ("LSTM", "GRU", "RNN") and len(node.input) > 2:
-            w = _shape(index.value_type(node.input[1]))
-            r = _shape(index.value_type(node.input[2]))
-            x = _shape(index.value_type(node.input[0]))
+            w = _shape_of(index, node.input[1])
+            r = _shape_of(index, node.input[2])
+            x = _shape_of(index, node.input[0])
             if w and r and x:
                 flops = 2.0 * (math.prod(w[0]) + math.prod(r[0])) * x[0][0] * (x[0][1] if len(x[0]) > 1 else 1)
         elif ref.has_subgraph:

@@ -76,6 +76,7 @@ class GraphIndex:
         ]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self._init_types: dict[str, onnx.TypeProto] = {}
+        self._elem_types: dict[str, int | None] = {}
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
         for vi in graph.value_info:
             self.value_info[vi.name] = vi
@@ -183,3 +184,14 @@ class GraphIndex:
             self._init_types[name] = t
             return t
         return None
+
+    def elem_type(self, name: str) -> int | None:
+        """The element type of a tensor value (``TensorProto`` enum), None when it is not a typed
+        tensor. Decoded once per value: capability checks ask for every input of every node."""
+        try:
+            return self._elem_types[name]
+        except KeyError:
+            t = self.value_type(name)
+            et = t.tensor_type.elem_type if t is not None and t.WhichOneof("value") == "tensor_type" else None
+            self._elem_types[name] = et
+            return et

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,9 +23,13 @@ from onnx import helper
 from hetsched.backends import Capabilities
 
 from .._errors import PartitionError
-from .graph import GraphIndex
+from .fold import relax_control_flow_inputs
+from .graph import GraphIndex, NodeRef
 
-__all__ = ["StageSpec", "UnitDraft", "compute_units", "extract_stage", "input_dtypes", "merge_stages"]
+__all__ = [
+    "StageSpec", "UnitDraft", "compute_units", "constant_nodes", "extract_stage", "input_dtypes", "merge_stages",
+    "shape_nodes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +62,7 @@ class StageSpec:
 
 
 def input_dtypes(index: GraphIndex, names: Sequence[str]) -> list[int | None]:
-    out: list[int | None] = []
-    for n in names:
-        t = index.value_type(n)
-        out.append(t.tensor_type.elem_type if t is not None and t.WhichOneof("value") == "tensor_type" else None)
-    return out
+    return [index.elem_type(n) for n in names]
 
 
 def _find(parent: list[int], x: int) -> int:
@@ -152,11 +153,43 @@ def merge_stages(
     *,
     name_prefix: str = "stage",
 ) -> list[StageSpec]:
-    """Merge adjacent units on the same device into stages (never creating a cycle)."""
+    """Merge adjacent units on the same device into stages (never creating a cycle).
+
+    Units are ordered topologically preferring the device of the last one taken
+    (:func:`_unit_order`); consecutive units on one device form a stage (:func:`_stage_groups`).
+    Constants and shape arithmetic are computed inside each stage reading them instead of
+    crossing a boundary (:func:`_stage_boundaries`); a stage nobody reads from then is dropped.
+    """
+    const = constant_nodes(index)
+    groups = _stage_groups(index, units, assignment, _unit_order(units, assignment, unit_preds, unit_succs), const)
+    stage_nodes = [sorted(nid for u in g for nid in units[u].nodes) for g in groups]
+    bounds = _stage_boundaries(index, stage_nodes, const, shape_nodes(index))
+    graph_outputs = set(index.graph_outputs)
+    out: list[StageSpec] = []
+    for sid, nodes in enumerate(stage_nodes):
+        ins, deps, remat, outs = bounds[sid]
+        for nid in nodes:
+            for o in index.nodes[nid].outputs:
+                if o in graph_outputs:
+                    outs[o] = None
+        out.append(StageSpec(
+            id=sid, name=f"{name_prefix}{sid}", device=assignment[groups[sid][0]], nodes=tuple(nodes),
+            units=tuple(groups[sid]), inputs=tuple(ins), outputs=tuple(_ordered_outputs(index, nodes, outs)),
+            deps=tuple(sorted(deps)), rematerialized=tuple(sorted(remat)),
+        ))
+    return _without_dead_stages(out, name_prefix)
+
+
+def _unit_order(units: Sequence[UnitDraft], assignment: Mapping[int, str],
+                unit_preds: Sequence[Sequence[int]], unit_succs: Sequence[Sequence[int]]) -> list[int]:
+    """Kahn over units, preferring the device of the last unit taken: runs on one device become
+    as long as the dependency structure allows."""
     nu = len(units)
+    if len({assignment[u] for u in range(nu)}) <= 1 and all(p < u for u in range(nu) for p in unit_preds[u]):
+        # One device and units numbered in a topological order (as compute_units numbers them):
+        # the smallest ready unit first is the numbering itself.
+        return list(range(nu))
     indeg = [len(p) for p in unit_preds]
-    # Kahn over units, preferring the device of the last unit taken: runs on one
-    # device become as long as the dependency structure allows.
     ready: dict[str, list[int]] = {}
     for u in range(nu):
         if indeg[u] == 0:
@@ -175,97 +208,92 @@ def merge_stages(
             indeg[s] -= 1
             if indeg[s] == 0:
                 heapq.heappush(ready.setdefault(assignment[s], []), s)
-    # Units computing only constants that no graph output names are rematerialized in every
-    # stage reading them (their own stage ends up dead, dropped below): they must not cut a
-    # run of another device in two, so they are grouped apart, after the live ones.
-    const = constant_nodes(index)
+    return order
+
+
+def _stage_groups(index: GraphIndex, units: Sequence[UnitDraft], assignment: Mapping[int, str],
+                  order: Sequence[int], const: Sequence[bool]) -> list[list[int]]:
+    """Runs of consecutive units (in ``order``) on one device.
+
+    Units computing only constants that no graph output names are rematerialized in every
+    stage reading them (their own stage ends up dead, dropped): they must not cut a run of
+    another device in two, so they are grouped apart, after the live ones.
+    """
     graph_outputs = set(index.graph_outputs)
+    nodes = index.nodes
     groups: list[list[int]] = []
     dead: list[list[int]] = []
     for u in order:
         nodes_u = units[u].nodes
-        if all(const[n] for n in nodes_u) and not any(
-                o in graph_outputs for n in nodes_u for o in index.nodes[n].outputs):
-            if dead and assignment[dead[-1][-1]] == assignment[u]:
-                dead[-1].append(u)
-            else:
-                dead.append([u])
-        elif groups and assignment[groups[-1][-1]] == assignment[u]:
-            groups[-1].append(u)
+        into = groups
+        if all(const[n] for n in nodes_u) and not any(o in graph_outputs for n in nodes_u for o in nodes[n].outputs):
+            into = dead
+        if into and assignment[into[-1][-1]] == assignment[u]:
+            into[-1].append(u)
         else:
-            groups.append([u])
+            into.append([u])
     groups.extend(dead)
+    return groups
 
+
+_Boundary = tuple[dict[str, None], dict[int, None], dict[int, None], dict[str, None]]
+
+
+def _stage_boundaries(index: GraphIndex, stage_nodes: Sequence[Sequence[int]], const: Sequence[bool],
+                      shape: Sequence[bool]) -> list[_Boundary]:
+    """Per stage: the values it reads from outside, the stages it depends on, the nodes of other
+    stages it recomputes itself, and the values other stages read from it.
+
+    A value computed by constant nodes (:func:`constant_nodes`) or by shape arithmetic
+    (:func:`shape_nodes`) in another stage is not read across the boundary: its nodes are
+    rematerialized in the reading stage (for shape arithmetic: back to the ``Shape``/``Size``
+    nodes, whose data input the stage then reads instead).
+    """
     producer_stage: dict[str, int] = {}
-    stage_nodes: list[list[int]] = []
-    for sid, g in enumerate(groups):
-        nodes = sorted(nid for u in g for nid in units[u].nodes)
-        stage_nodes.append(nodes)
+    for sid, nodes in enumerate(stage_nodes):
         for nid in nodes:
             for o in index.nodes[nid].outputs:
                 producer_stage[o] = sid
-    # Boundary values: what each stage reads from outside and what others need from it.
-    needed_outside: dict[int, dict[str, None]] = {sid: {} for sid in range(len(groups))}
-    stages_inputs: list[list[str]] = []
-    stages_deps: list[list[int]] = []
-    stages_remat: list[list[int]] = []
+    out: list[_Boundary] = [({}, {}, {}, {}) for _ in stage_nodes]
+    producer = index.producer
+    feedable = set(index.graph_inputs)
+    constants = index.initializers.keys() | index.sparse_initializers.keys()
     for sid, nodes in enumerate(stage_nodes):
-        ins: dict[str, None] = {}
-        deps: dict[int, None] = {}
-        remat: dict[int, None] = {}
-        for nid in nodes:
-            for v in index.nodes[nid].inputs:
+        ins, deps, remat, _ = out[sid]
+        todo = list(nodes)
+        k = 0
+        while k < len(todo):  # the stage's nodes in order, then the nodes it rematerializes
+            k += 1
+            for v in index.nodes[todo[k - 1]].inputs:
                 ps = producer_stage.get(v)
                 if ps is None:
-                    if v in index.initializers or v in index.sparse_initializers:
-                        if v in index.graph_inputs:
-                            ins[v] = None  # overridable initializer: may be fed
-                        continue
-                    ins[v] = None  # graph input (or an outer name the checker allowed)
+                    if v not in constants or v in feedable:
+                        ins[v] = None  # a graph input, an overridable initializer, an outer name
                 elif ps != sid:
-                    pn = index.producer[v]
+                    pn = producer[v]
                     if const[pn]:
                         _add_closure(index, const, pn, remat)
-                        continue
-                    ins[v] = None
-                    deps[ps] = None
-                    needed_outside[ps][v] = None
-        stages_inputs.append(list(ins))
-        stages_deps.append(list(deps))
-        stages_remat.append(sorted(remat))
-    out: list[StageSpec] = []
-    for sid, nodes in enumerate(stage_nodes):
-        outs = dict(needed_outside[sid])
-        for nid in nodes:
-            for o in index.nodes[nid].outputs:
-                if o in graph_outputs:
-                    outs[o] = None
-        g = groups[sid]
-        out.append(
-            StageSpec(
-                id=sid,
-                name=f"{name_prefix}{sid}",
-                device=assignment[g[0]],
-                nodes=tuple(nodes),
-                units=tuple(g),
-                inputs=tuple(stages_inputs[sid]),
-                outputs=tuple(o for o in _ordered_outputs(index, nodes, outs)),
-                deps=tuple(sorted(stages_deps[sid])),
-                rematerialized=tuple(stages_remat[sid]),
-            )
-        )
-    # A stage nobody reads from (e.g. only Constants that were rematerialized where
-    # needed) is dead: drop it and renumber. Nothing depends on it by construction.
-    if all(s.outputs for s in out):
-        return out
-    keep = [s for s in out if s.outputs]
+                    elif shape[pn]:
+                        if pn not in remat:
+                            remat[pn] = None
+                            todo.append(pn)  # its own inputs are read here in turn
+                    else:
+                        ins[v] = None
+                        deps[ps] = None
+                        out[ps][3][v] = None
+    return out
+
+
+def _without_dead_stages(stages: list[StageSpec], name_prefix: str) -> list[StageSpec]:
+    """``stages`` without those nobody reads from (e.g. only constants or shape arithmetic that
+    were rematerialized where needed), renumbered. Nothing depends on them by construction."""
+    if all(s.outputs for s in stages):
+        return stages
+    keep = [s for s in stages if s.outputs]
     new_id = {s.id: i for i, s in enumerate(keep)}
     return [
-        StageSpec(
-            id=new_id[s.id], name=f"{name_prefix}{new_id[s.id]}", device=s.device, nodes=s.nodes, units=s.units,
-            inputs=s.inputs, outputs=s.outputs, deps=tuple(new_id[d] for d in s.deps),
-            rematerialized=s.rematerialized,
-        )
+        dataclasses.replace(s, id=new_id[s.id], name=f"{name_prefix}{new_id[s.id]}",
+                            deps=tuple(new_id[d] for d in s.deps))
         for s in keep
     ]
 
@@ -274,6 +302,16 @@ def merge_stages(
 _NONDETERMINISTIC = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
 })
+_SHAPE_SEEDS = frozenset({"Shape", "Size"})
+_INT_TYPES = frozenset({
+    onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
+})
+
+
+def _duplicable(ref: NodeRef) -> bool:
+    """May the node be computed again in another stage (deterministic, no subgraph, ONNX domain)?"""
+    return not ref.domain and not ref.has_subgraph and ref.op_type not in _NONDETERMINISTIC
 
 
 def constant_nodes(index: GraphIndex) -> list[bool]:
@@ -282,31 +320,83 @@ def constant_nodes(index: GraphIndex) -> list[bool]:
 
     Such values are recomputed inside each stage that reads them instead of crossing a
     stage boundary, so onnxruntime constant-folds them there (prepacked weights, shapes
-    known to shape inference) and nothing is transferred per request.
+    known to shape inference) and nothing is transferred per request. Computed once per
+    index (Kahn-style from the nodes without predecessors: each edge is looked at once).
     """
-    n = len(index.nodes)
-    const = [False] * n
+    cached: list[bool] | None = index.__dict__.get("_constant_nodes")
+    if cached is not None:
+        return cached
     fixed = {name for name in index.initializers if name not in index.graph_inputs}
     fixed.update(name for name in index.sparse_initializers if name not in index.graph_inputs)
-    for nid in index.topological_order():
-        ref = index.nodes[nid]
-        if ref.domain or ref.has_subgraph or ref.op_type in _NONDETERMINISTIC:
-            continue
-        ok = True
-        for v in ref.inputs:
-            p = index.producer.get(v)
-            if p is None:
-                if v not in fixed:
-                    ok = False
-                    break
-            elif not const[p]:
-                ok = False
-                break
-        const[nid] = ok
+    nodes, producer, preds, succs = index.nodes, index.producer, index.preds, index.succs
+
+    def ok(i: int) -> bool:
+        ref = nodes[i]
+        return _duplicable(ref) and all(v in fixed for v in ref.inputs if v not in producer)
+
+    const = [False] * len(nodes)
+    missing = [len(p) for p in preds]
+    stack = [i for i in range(len(nodes)) if not missing[i] and ok(i)]
+    for i in stack:
+        const[i] = True
+    while stack:
+        for s in succs[stack.pop()]:
+            missing[s] -= 1
+            if not missing[s] and ok(s):
+                const[s] = True
+                stack.append(s)
+    index.__dict__["_constant_nodes"] = const
     return const
 
 
-def _add_closure(index: GraphIndex, const: list[bool], nid: int, into: dict[int, None]) -> None:
+def shape_nodes(index: GraphIndex) -> list[bool]:
+    """Per node: is it shape arithmetic left at run time (a free dim kept it from being folded)?
+
+    A ``Shape``/``Size`` node, or a node reading shape arithmetic whose every input computed by
+    a node is shape arithmetic or a constant; each with only 0-d or integer outputs (as typed by
+    shape inference), duplicable, and not a constant itself. Such values never cross a stage
+    boundary (issue 24: a vendor toolkit drops them; they are tiny): each stage reading one
+    computes it itself (:func:`merge_stages`). Computed once per index, each edge looked at once.
+    """
+    cached: list[bool] | None = index.__dict__.get("_shape_nodes")
+    if cached is not None:
+        return cached
+    const = constant_nodes(index)
+    nodes, preds, succs = index.nodes, index.preds, index.succs
+
+    def ok(i: int) -> bool:
+        ref = nodes[i]
+        if const[i] or not ref.outputs or not _duplicable(ref):
+            return False
+        for o in ref.outputs:
+            t = index.value_type(o)
+            if t is None or t.WhichOneof("value") != "tensor_type":
+                return False
+            tt = t.tensor_type
+            if tt.elem_type not in _INT_TYPES and not (tt.HasField("shape") and len(tt.shape.dim) == 0):
+                return False
+        return True
+
+    shape = [False] * len(nodes)
+    missing = [len(p) for p in preds]
+    for i, c in enumerate(const):
+        if c:
+            for s in succs[i]:
+                missing[s] -= 1  # a constant input is no obstacle (but alone makes nothing shape arithmetic)
+    stack = [i for i, ref in enumerate(nodes) if ref.op_type in _SHAPE_SEEDS and ok(i)]
+    for i in stack:
+        shape[i] = True
+    while stack:
+        for s in succs[stack.pop()]:
+            missing[s] -= 1
+            if not missing[s] and not shape[s] and ok(s):
+                shape[s] = True
+                stack.append(s)
+    index.__dict__["_shape_nodes"] = shape
+    return shape
+
+
+def _add_closure(index: GraphIndex, const: Sequence[bool], nid: int, into: dict[int, None]) -> None:
     stack = [nid]
     while stack:
         x = stack.pop()
@@ -405,4 +495,6 @@ def extract_stage(index: GraphIndex, stage: StageSpec) -> onnx.ModelProto:
         producer_name="hetsched",
         functions=_functions_used(model, nodes),
     )
-    return stage_model
+    # onnxruntime type-checks every If/Loop branch against the stage's declared input dims,
+    # also a branch these shapes never take: control flow reads its inputs with free dims
+    return relax_control_flow_inputs(stage_model)

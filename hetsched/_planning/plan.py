@@ -298,50 +298,102 @@ def _build_plan(
     boundary: BoundaryCosts,
 ) -> Plan:
     pol = get_policy(policy)
-    names = [d.name for d in devices]
-    by_name = {d.name: d for d in devices}
     caps = dict(capabilities) if capabilities is not None else {
         d.name: get_backend(d.backend).capabilities(d) for d in devices
     }
-    drafts = compute_units(index, names, caps, max_unit_nodes=max_unit_nodes)
+    drafts = compute_units(index, [d.name for d in devices], caps, max_unit_nodes=max_unit_nodes)
     if node_costs is None:
         node_costs = analytic_node_costs(index)
+    graph = _UnitGraph(index, drafts)
+    priced = _price_units(index, drafts, graph, devices, node_costs, costs, refused, boundary)
+    states = {d.name: DeviceState(name=d.name, kind=d.kind, memory_domain=d.memory_domain) for d in devices}
+    for k, st in (device_states or {}).items():
+        if k in states:
+            states[k] = st
+    problem = PlacementProblem(tuple(priced.units), states, priced.cost, graph.edges, _links(devices, boundary),
+                               priced.energy)
+    placement, left = _place_and_fold(pol, problem, devices, boundary)
+    stages = merge_stages(index, drafts, placement.assignment, graph.preds, graph.succs)
+    return Plan(
+        stages=tuple(stages),
+        units=tuple(priced.units),
+        placement=placement,
+        devices=tuple(devices),
+        problem=problem,
+        graph_inputs=tuple(index.required_inputs),
+        graph_outputs=tuple(index.graph_outputs),
+        refused=tuple(priced.refusals),
+        unit_nodes=tuple(u.nodes for u in drafts),
+        stage_flops=tuple(sum(node_costs[n].flops for n in st.nodes) for st in stages),
+        stage_bytes=tuple(sum(node_costs[n].bytes for n in st.nodes) for st in stages),
+        stage_modelled=_stage_modelled(index, drafts, stages, devices, costs),
+        device_states=states,
+        offload=_offload_notes(index, devices, caps, priced.units, drafts, placement.assignment, priced.refusals,
+                               left, priced.cost),
+    )
 
-    node_unit = [0] * len(index.nodes)
-    for u in drafts:
-        for nid in u.nodes:
-            node_unit[nid] = u.id
-    unit_preds: list[dict[int, None]] = [{} for _ in drafts]
-    unit_succs: list[dict[int, None]] = [{} for _ in drafts]
-    edges: dict[tuple[int, int], float] = {}
-    nbytes_of: dict[str, float] = {}  # value sizes, computed once per value (not per reader)
-    nodes_ref = index.nodes
-    producer = index.producer
-    for u in drafts:
-        uid = u.id
-        preds_u = unit_preds[uid]
-        for nid in u.nodes:
-            for v in nodes_ref[nid].inputs:
-                p = producer.get(v)
-                if p is None:
-                    continue
-                pu = node_unit[p]
-                if pu != uid:
-                    preds_u[pu] = None
-                    unit_succs[pu][uid] = None
-                    vb = nbytes_of.get(v)
-                    if vb is None:
-                        vb = nbytes_of[v] = value_bytes(index, v)
-                    edges[(pu, uid)] = edges.get((pu, uid), 0.0) + vb
 
-    units: list[Unit] = []
-    refusals: list[Refusal] = []
-    cost: dict[tuple[int, str], float] = {}
-    energy: dict[tuple[int, str], float] = {}
+class _UnitGraph:
+    """The units' dependency graph: per unit its predecessor and successor units (in first-seen
+    order), and the bytes on each edge (each value's size counted once per reading unit)."""
+
+    def __init__(self, index: GraphIndex, drafts: Sequence[UnitDraft]):
+        node_unit = [0] * len(index.nodes)
+        for u in drafts:
+            for nid in u.nodes:
+                node_unit[nid] = u.id
+        preds: list[dict[int, None]] = [{} for _ in drafts]
+        succs: list[dict[int, None]] = [{} for _ in drafts]
+        edges: dict[tuple[int, int], float] = {}
+        nbytes_of: dict[str, float] = {}  # value sizes, computed once per value (not per reader)
+        nodes_ref = index.nodes
+        producer = index.producer
+        for u in drafts:
+            uid = u.id
+            preds_u = preds[uid]
+            for nid in u.nodes:
+                for v in nodes_ref[nid].inputs:
+                    p = producer.get(v)
+                    if p is None:
+                        continue
+                    pu = node_unit[p]
+                    if pu != uid:
+                        preds_u[pu] = None
+                        succs[pu][uid] = None
+                        vb = nbytes_of.get(v)
+                        if vb is None:
+                            vb = nbytes_of[v] = value_bytes(index, v)
+                        edges[(pu, uid)] = edges.get((pu, uid), 0.0) + vb
+        self.preds: list[tuple[int, ...]] = [tuple(p) for p in preds]
+        self.succs: list[tuple[int, ...]] = [tuple(s) for s in succs]
+        self.edges = edges
+
+
+@dataclass
+class _Priced:
+    """Units as the policy sees them, with their costs and energy per candidate device."""
+
+    units: list[Unit] = field(default_factory=list)
+    cost: dict[tuple[int, str], float] = field(default_factory=dict)
+    energy: dict[tuple[int, str], float] = field(default_factory=dict)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+def _price_units(index: GraphIndex, drafts: Sequence[UnitDraft], graph: _UnitGraph, devices: Sequence[Device],
+                 node_costs: Sequence[NodeCost], costs: CostTable | None, refused: Mapping[tuple[str, str], str],
+                 boundary: BoundaryCosts) -> _Priced:
+    """Each unit's candidates (less the devices that refused it) and its estimated seconds on
+    each: measured where ``costs`` knows it, else the roofline (:func:`device_seconds`: compute
+    or memory time, whichever is longer, plus the unit overhead) times the device's calibration."""
+    names = [d.name for d in devices]
+    out = _Priced()
+    cost, energy = out.cost, out.energy
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
     # Per device, its rates now (a twin device's clocks are read once per plan, not per unit).
     # Energy is linear in FLOPs (modelled_energy_j): joules per FLOP once per device.
     rates = {d.name: (*device_rates(d)[:2], unit_overhead(d, boundary), modelled_energy_j(d, 1.0)) for d in devices}
+    factor = {d: 1.0 if costs is None else costs.factor(d) for d in names}
+    nodes_ref = index.nodes
     for u in drafts:
         cands = cands_of.get(u.mask)
         if cands is None:
@@ -354,35 +406,31 @@ def _build_plan(
             nbytes = sum(node_costs[n].bytes for n in u.nodes)
         key = unit_key(index, u.nodes) if costs is not None or refused else ""
         if refused:
-            cands = _drop_refused(index, u.id, u.nodes, key, cands, refused, refusals)
+            cands = _drop_refused(index, u.id, u.nodes, key, cands, refused, out.refusals)
         for dname in cands:
             fps, bps, over, j_per_flop = rates[dname]
             t_c, t_m = flops / fps, nbytes / bps
             est = (t_c if t_c > t_m else t_m) + over
-            if costs is None:
-                cost[(u.id, dname)] = est
-            else:
-                measured = costs.get(key, dname)
-                cost[(u.id, dname)] = measured if measured is not None else est * costs.factor(dname)
+            measured = costs.get(key, dname) if costs is not None else None
+            cost[(u.id, dname)] = measured if measured is not None else est * factor[dname]
             if j_per_flop is not None:
                 energy[(u.id, dname)] = j_per_flop * flops
-        units.append(
-            Unit(
-                id=u.id,
-                nodes=tuple(nodes_ref[n].name for n in u.nodes),
-                op_types=tuple(nodes_ref[n].op_type for n in u.nodes),
-                candidates=cands,
-                preds=tuple(unit_preds[u.id]),
-                succs=tuple(unit_succs[u.id]),
-                flops=flops,
-                bytes=nbytes,
-            )
-        )
-    states = {d.name: DeviceState(name=d.name, kind=d.kind, memory_domain=d.memory_domain) for d in devices}
-    if device_states:
-        for k, st in device_states.items():
-            if k in states:
-                states[k] = st
+        out.units.append(Unit(
+            id=u.id,
+            nodes=tuple(nodes_ref[n].name for n in u.nodes),
+            op_types=tuple(nodes_ref[n].op_type for n in u.nodes),
+            candidates=cands,
+            preds=graph.preds[u.id],
+            succs=graph.succs[u.id],
+            flops=flops,
+            bytes=nbytes,
+        ))
+    return out
+
+
+def _links(devices: Sequence[Device], boundary: BoundaryCosts) -> dict[tuple[str, str], Link]:
+    """Per ordered device pair, a hand-off's fixed seconds (dispatch, the receiver's launch) and
+    seconds per byte (a cache sync in one memory domain, the link across domains)."""
     links: dict[tuple[str, str], Link] = {}
     for a in devices:
         for b in devices:
@@ -392,7 +440,13 @@ def _build_plan(
                 else:
                     spb = 1.0 / boundary.cross_domain_bps
                 links[(a.name, b.name)] = Link(boundary.dispatch_latency_s + boundary.launch(b), spb)
-    problem = PlacementProblem(tuple(units), states, cost, edges, links, energy)
+    return links
+
+
+def _place_and_fold(pol: PlacementPolicy, problem: PlacementProblem, devices: Sequence[Device],
+                    boundary: BoundaryCosts) -> tuple[Placement, dict[int, str]]:
+    """The policy's placement, validated; after a built-in policy, with the groups that do not
+    pay for their boundary moved (:func:`coarsen`), and per moved unit the device it left."""
     builtin: HEFT | PowerThermalWeighted | None = pol if isinstance(pol, (HEFT, PowerThermalWeighted)) else None
     fold = builtin is not None and builtin.consolidate and boundary.fold_sweeps > 0
     if builtin is not None and fold:
@@ -402,24 +456,25 @@ def _build_plan(
         builtin.consolidate = False
         pol = builtin
     placement = validate_placement(problem, _place(pol, problem), policy_name(pol))
-    left: dict[int, str] = {}
-    if fold:
-        weight = None
-        if isinstance(builtin, PowerThermalWeighted):
-            ptw = builtin
-            weight = {name: 1.0 / max(ptw.score(ds.utilisation, ds.temp_headroom, ds.power_headroom),
-                                      ptw.min_score) ** ptw.sharpness for name, ds in states.items()}
-        folded, left = coarsen(problem, placement.assignment, {d.name: boundary.launch(d) for d in devices},
-                               weight=weight, max_sweeps=boundary.fold_sweeps)
-        if left:
-            placement = Placement(folded, placement.policy, placement.scores)
-    stages = merge_stages(
-        index,
-        drafts,
-        placement.assignment,
-        [list(p) for p in unit_preds],
-        [list(s) for s in unit_succs],
-    )
+    if not fold:
+        return placement, {}
+    weight = None
+    if isinstance(builtin, PowerThermalWeighted):
+        ptw = builtin
+        weight = {name: 1.0 / max(ptw.score(ds.utilisation, ds.temp_headroom, ds.power_headroom),
+                                  ptw.min_score) ** ptw.sharpness for name, ds in problem.devices.items()}
+    folded, left = coarsen(problem, placement.assignment, {d.name: boundary.launch(d) for d in devices},
+                           weight=weight, max_sweeps=boundary.fold_sweeps)
+    if left:
+        placement = Placement(folded, placement.policy, placement.scores)
+    return placement, left
+
+
+def _stage_modelled(index: GraphIndex, drafts: Sequence[UnitDraft], stages: Sequence[StageSpec],
+                    devices: Sequence[Device], costs: CostTable | None) -> tuple[float | None, ...]:
+    """Per stage (:attr:`Plan.stage_modelled`): on a twin-modelled device none of whose units has
+    a measured cost, the calibration factor its estimate takes; else None."""
+    by_name = {d.name: d for d in devices}
     modelled: list[float | None] = []
     for spec in stages:
         measured_any = costs is not None and any(costs.get(unit_key(index, drafts[u].nodes), spec.device) is not None
@@ -428,22 +483,7 @@ def _build_plan(
             modelled.append(costs.factor(spec.device) if costs is not None else 1.0)
         else:
             modelled.append(None)
-    return Plan(
-        stages=tuple(stages),
-        units=tuple(units),
-        placement=placement,
-        devices=tuple(devices),
-        problem=problem,
-        graph_inputs=tuple(index.required_inputs),
-        graph_outputs=tuple(index.graph_outputs),
-        refused=tuple(refusals),
-        unit_nodes=tuple(u.nodes for u in drafts),
-        stage_flops=tuple(sum(node_costs[n].flops for n in st.nodes) for st in stages),
-        stage_bytes=tuple(sum(node_costs[n].bytes for n in st.nodes) for st in stages),
-        stage_modelled=tuple(modelled),
-        device_states=states,
-        offload=_offload_notes(index, devices, caps, units, drafts, placement.assignment, refusals, left, cost),
-    )
+    return tuple(modelled)
 
 
 def _offload_notes(index: GraphIndex, devices: Sequence[Device], caps: Mapping[str, Capabilities],
