@@ -56,10 +56,8 @@ import onnx
 from _labels import MODELLED, labelled, twin
 
 from hetsched import Device, Priority, Session, load_model
-from hetsched._planning.costs import launch_seconds, roofline
-from hetsched._planning.graph import GraphIndex
-from hetsched._planning.plan import Plan, build_plan
 from hetsched.backends.sim import twin_devices
+from hetsched.lowlevel import GraphIndex, build_plan
 from hetsched.policies import PowerThermalWeighted, Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,17 +104,21 @@ class _Joint(PowerThermalWeighted):
                                                  slo_s=self.slo_s))
 
 
-def model_plan(plan: Plan, devices: Sequence[Device]) -> ModelPlan:
-    """The twin's figures of each stage of ``plan``: lone seconds (roofline + the call's launch),
-    memory seconds, joules (the domain's full power x compute seconds, as the twin's stage counts)."""
+def model_plan(plan: Any, devices: Sequence[Device]) -> ModelPlan:
+    """The twin's figures of each stage of ``plan`` at the top clocks (the twin's devices' defaults):
+    lone seconds (the roofline, ``max(FLOPs / peak, bytes / DRAM bandwidth)``, as
+    ``hetsched.backends.sim.SimStage`` models a run, plus the launch of the stage call the twin's
+    device carries, ``options["launch_s"]``), memory seconds, joules (the domain's full power x
+    compute seconds, as the twin's stage counts them)."""
     by_name = {d.name: d for d in devices}
     out = []
     for s in plan.stages:
         dev = by_name[s.device]
-        t, t_c, t_m, f = roofline(dev, plan.stage_flops[s.id], plan.stage_bytes[s.id])
+        t_c = plan.stage_flops[s.id] / dev.peak_flops
+        t_m = plan.stage_bytes[s.id] / dev.mem_bandwidth
         domain = dev.options["profile_domain"]
-        energy = domain.full_power_w(f or domain.max_hz) * t_c
-        out.append(StagePlan(s.device, t + launch_seconds(dev), t_m, energy, tuple(s.deps)))
+        energy = domain.full_power_w(domain.max_hz) * t_c
+        out.append(StagePlan(s.device, max(t_c, t_m) + float(dev.options["launch_s"]), t_m, energy, tuple(s.deps)))
     return ModelPlan(tuple(out))
 
 

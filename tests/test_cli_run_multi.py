@@ -41,7 +41,9 @@ def test_two_models_served_at_once_report_per_model(monkeypatch: pytest.MonkeyPa
     for m in (det, bg):
         assert m["latency_ms"]["p50"] <= m["latency_ms"]["p99"]
         assert m["throughput_rps"] == pytest.approx(m["requests"] / 0.6)
-    assert summary["mode"] == "independent sessions" and summary["worker_threads"] >= 0
+    assert summary["mode"] == "one runtime" and summary["worker_threads"] >= 0
+    # the runtime splits the stage energy between the two by their busy shares (host CPUs: none modelled)
+    assert all("board_energy_split_j" in m for m in (det, bg))
     # each model's requests went with its own priority (the warm-up one included)
     assert {p for _, p in seen if p == Priority.HIGH} and {p for _, p in seen if p == Priority.BACKGROUND}
     assert all(p in (Priority.HIGH, Priority.BACKGROUND) for _, p in seen)
@@ -54,7 +56,7 @@ def test_a_workload_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         {"model": "light_shufflenet", "priority": "background"}]}))
     assert main(["run", "--workload", str(wl), "--devices", "cpu:0", "--warmup", "0"]) == 0
     out = capsys.readouterr().out
-    assert "2 models, independent sessions, 0.4 s" in out
+    assert "2 models, one runtime, 0.4 s" in out
     assert "light_squeezenet" in out and "high" in out and "0.0%" in out  # a 1 us SLO is never met
 
 
@@ -100,3 +102,16 @@ def test_workload_and_models_together_are_refused(tmp_path: Path) -> None:
     wl.write_text(json.dumps({"models": [{"model": "light_squeezenet"}]}))
     with pytest.raises(SystemExit, match="no MODEL"):
         main(["run", "light_squeezenet", "--workload", str(wl)])
+
+
+def test_independent_sessions_start_a_worker_set_each(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "light_squeezenet", "light_shufflenet", "--devices", "cpu:0", "--duration", "0.3",
+            "--warmup", "0", "--json"]
+    assert main([*argv, "--independent"]) == 0
+    independent = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(argv) == 0
+    shared = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert independent["mode"] == "independent sessions" and shared["mode"] == "one runtime"
+    assert "board_energy_split_j" not in independent["models"][0]
+    # one device: a worker per session and device, against one worker for both on the runtime
+    assert independent["worker_threads"] > shared["worker_threads"]

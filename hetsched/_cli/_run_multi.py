@@ -12,13 +12,18 @@ JSON::
         {"model": "det.onnx", "rate": 30, "priority": "high", "slo_ms": 33},
         {"model": "light_squeezenet", "rate": 0, "priority": "background"}]}
 
-The models are served by one Session each on the same devices (independent sessions: on a twin's
-devices they share the simulated board, ``hetsched/_twin/contention.py``) for ``--duration``
-seconds after ``--warmup`` requests each. Reported per model: ``requests``, ``latency_ms``
+The models are attached to one :class:`hetsched.Runtime` (one set of device workers; every
+device's queue orders all models' stages by priority class, then deadline) with each model's SLO
+as its session's ``slo_s``, and served for ``--duration`` seconds after ``--warmup`` requests
+each; ``--independent`` serves them with one private Session each instead (today's way: one
+worker set per model). On a twin's devices they share the simulated board
+(``hetsched/_twin/contention.py``). Reported per model: ``requests``, ``latency_ms``
 percentiles (host wall time), ``slo_satisfaction`` (the fraction of its requests due in the run
 that finished within the SLO), ``throughput_rps``, the stage energy (``energy_per_request_j``,
 modelled on a twin) and, on simulated devices, ``modelled_ms_per_request`` (the twin's board
-time of its stages, the sharing included); and the process's ``worker_threads``.
+time of its stages, the sharing included), and with the Runtime ``board_energy_split_j`` (the
+stage energy of all models split by each one's share of the devices' busy time); and the
+threads the serving started (``worker_threads``).
 """
 
 from __future__ import annotations
@@ -66,13 +71,15 @@ def add_multi_args(p: argparse.ArgumentParser) -> None:
                    help=f"priority per model: {', '.join(_PRIORITIES)} (default normal)")
     g.add_argument("--slo-ms", metavar="MS[,MS...]", help="latency SLO per model in ms, - for none (default none)")
     g.add_argument("--workload", metavar="FILE", type=existing_file, help="a JSON workload file (models, rates, priorities, SLOs)")
+    g.add_argument("--independent", action="store_true",
+                   help="serve each model with a private Session (its own workers) instead of one Runtime")
     g.add_argument("--duration", type=positive_float, default=None, metavar="S",
                    help=f"seconds to serve the models for (default {DEFAULT_DURATION_S:g})")
 
 
 def is_multi(args: argparse.Namespace) -> bool:
     return bool(args.more_models or args.workload or args.rate or args.priority or args.slo_ms
-                or args.duration is not None)
+                or args.duration is not None or args.independent)
 
 
 def _split(value: str | None, n: int, what: str) -> list[str | None]:
@@ -230,17 +237,28 @@ def _model_summary(served: _Served, session: Any, duration: float, energy0: floa
     return out
 
 
+def _names(loads: Sequence[ModelLoad]) -> list[str]:
+    """A session name per model: its file's stem, numbered where two are alike."""
+    stems = [Path(load.model).stem for load in loads]
+    return [f"{stem}#{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems)]
+
+
 async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: float) -> dict[str, Any]:
-    from hetsched import Session
+    from hetsched import Runtime, Session
 
     devices = select_devices(args.devices, args.root)
     threads0 = threading.active_count()
     async with contextlib.AsyncExitStack() as stack:
+        rt = None if args.independent else await stack.enter_async_context(
+            Runtime(devices=devices, root=args.root or "/"))
         sessions = []
-        for load in loads:
-            s = await stack.enter_async_context(Session(
-                resolve_model_arg(load.model), devices=devices, policy=args.policy,
-                max_unit_nodes=args.max_unit_nodes, root=args.root or "/"))
+        for load, name in zip(loads, _names(loads), strict=True):
+            model = resolve_model_arg(load.model)
+            session = (Session(model, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
+                               root=args.root or "/", name=name) if rt is None else
+                       Session(model, runtime=rt, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
+                               slo_s=load.slo_s, name=name))
+            s = await stack.enter_async_context(session)
             feeds = random_feeds(s.get_inputs())
             for _ in range(args.warmup):
                 await s.run(feeds, priority=load.priority)
@@ -253,13 +271,18 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
             async with anyio.create_task_group() as tg:
                 for (s, feeds), sv in zip(sessions, served, strict=True):
                     tg.start_soon(_drive, s, feeds, sv, until)
-        return {
-            "mode": "independent sessions",
+        out = {
+            "mode": "independent sessions" if rt is None else "one runtime",
             "duration_s": duration, "warmup_requests": args.warmup,
             "worker_threads": threads - threads0,
             "models": [_model_summary(sv, s, duration, e0)
                        for sv, (s, _), e0 in zip(served, sessions, energy0, strict=True)],
         }
+        if rt is not None:
+            split = rt.statistics().energy_split_j
+            for m, name in zip(out["models"], _names(loads), strict=True):
+                m["board_energy_split_j"] = split.get(name)
+        return out
 
 
 def _print(summary: dict[str, Any]) -> None:
