@@ -70,3 +70,45 @@ def test_a_small_group_between_runs_of_another_device_moves() -> None:
     assert dominant_device(problem) is None
     out, left = coarsen(problem, placed, {d: 3e-5 for d in DEVS})
     assert set(out.values()) == {"a"} and left == {2: "b"}
+
+
+def _small_dag_plan(**kwargs: object) -> object:
+    import random
+
+    from onnx import TensorProto, helper
+
+    from hetsched import load_model, resolve_devices
+    from hetsched._planning.graph import GraphIndex
+    from hetsched._planning.plan import build_plan
+
+    rng = random.Random(0)
+    w = helper.make_tensor("W", TensorProto.FLOAT, [64, 64], b"\x00" * (4 * 64 * 64), raw=True)
+    nodes, values = [], ["x"]
+    for i in range(40):
+        a = rng.choice(values[-4:])
+        if i % 3 == 0:
+            nodes.append(helper.make_node("MatMul", [a, "W"], [f"v{i}"], name=f"n{i}"))
+        else:
+            nodes.append(helper.make_node("Add", [a, rng.choice(values[-4:])], [f"v{i}"], name=f"n{i}"))
+        values.append(f"v{i}")
+    graph = helper.make_graph(nodes, "dag", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                              [helper.make_tensor_value_info(values[-1], TensorProto.FLOAT, [64, 64])],
+                              initializer=[w])
+    model = load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    devices = resolve_devices(["cpu:0", "cpu:1", "cpu:0-1"], available_cpus=[0, 1])
+    return build_plan(GraphIndex(model), devices, "heft", max_unit_nodes=1, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_fold_weighs_other_sessions_reservations() -> None:
+    from hetsched._planning.plan import Plan
+    from hetsched.policies import Reservation
+
+    alone = _small_dag_plan()
+    assert isinstance(alone, Plan)
+    assert {s.device for s in alone.stages} == {"cpu:0-1"}  # both cores beat one, for every unit
+    busy = Reservation("other", {"cpu:0-1": 0.9}, priority=1)
+    shared = _small_dag_plan(reservations=(busy,), priority=2, slo_s=0.5)
+    assert isinstance(shared, Plan)
+    assert shared.problem.reservations == (busy,) and shared.problem.priority == 2 and shared.problem.slo_s == 0.5
+    # another session keeps both cores 90 % busy: the fold must not move the model back onto them
+    assert "cpu:0-1" not in {s.device for s in shared.stages}, shared.table()

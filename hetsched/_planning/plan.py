@@ -22,6 +22,7 @@ from hetsched.policies import (
     PlacementPolicy,
     PlacementProblem,
     PowerThermalWeighted,
+    Reservation,
     Unit,
     get_policy,
     policy_name,
@@ -259,8 +260,16 @@ def build_plan(
     node_costs: Sequence[NodeCost] | None = None,
     refused: Mapping[tuple[str, str], str] | None = None,
     boundary: BoundaryCosts | None = None,
+    reservations: Sequence[Reservation] = (),
+    priority: int = 2,
+    slo_s: float | None = None,
 ) -> Plan:
     """Partition ``index`` for ``devices`` and place it with ``policy``.
+
+    :param reservations: other sessions' load on the devices (:class:`~hetsched.policies.Reservation`),
+        ``priority`` this model's (a ``hetsched.Priority`` value) and ``slo_s`` its deadline per
+        request: passed to the policy in the :class:`~hetsched.policies.PlacementProblem`; the stage
+        fold weighs the costs with the reservations priced in (``problem.contended()``).
 
     :param boundary: what a stage boundary costs (:class:`~hetsched._planning.costs.BoundaryCosts`,
         default :data:`~hetsched._planning.costs.BOUNDARY`); after a built-in policy (HEFT,
@@ -281,7 +290,8 @@ def build_plan(
     with _gc_paused():
         return _build_plan(index, devices, policy, max_unit_nodes=max_unit_nodes, device_states=device_states,
                            costs=costs, capabilities=capabilities, node_costs=node_costs,
-                           refused=refused or {}, boundary=boundary or BOUNDARY)
+                           refused=refused or {}, boundary=boundary or BOUNDARY,
+                           contention=(tuple(reservations), int(priority), slo_s))
 
 
 def _build_plan(
@@ -296,6 +306,7 @@ def _build_plan(
     node_costs: Sequence[NodeCost] | None,
     refused: Mapping[tuple[str, str], str],
     boundary: BoundaryCosts,
+    contention: tuple[tuple[Reservation, ...], int, float | None] = ((), 2, None),
 ) -> Plan:
     pol = get_policy(policy)
     caps = dict(capabilities) if capabilities is not None else {
@@ -311,7 +322,7 @@ def _build_plan(
         if k in states:
             states[k] = st
     problem = PlacementProblem(tuple(priced.units), states, priced.cost, graph.edges, _links(devices, boundary),
-                               priced.energy)
+                               priced.energy, *contention)
     placement, left = _place_and_fold(pol, problem, devices, boundary)
     stages = merge_stages(index, drafts, placement.assignment, graph.preds, graph.succs)
     return Plan(
@@ -463,7 +474,8 @@ def _place_and_fold(pol: PlacementPolicy, problem: PlacementProblem, devices: Se
         ptw = builtin
         weight = {name: 1.0 / max(ptw.score(ds.utilisation, ds.temp_headroom, ds.power_headroom),
                                   ptw.min_score) ** ptw.sharpness for name, ds in problem.devices.items()}
-    folded, left = coarsen(problem, placement.assignment, {d.name: boundary.launch(d) for d in devices},
+    # (with other sessions' reservations priced in: no move back onto a device they keep busy)
+    folded, left = coarsen(problem.contended(), placement.assignment, {d.name: boundary.launch(d) for d in devices},
                            weight=weight, max_sweeps=boundary.fold_sweeps)
     if left:
         placement = Placement(folded, placement.policy, placement.scores)
