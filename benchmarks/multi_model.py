@@ -151,6 +151,17 @@ def pct(v: Sequence[float], q: float) -> float | None:
     return round(float(np.percentile(v, q)) * 1e3, 2) if v else None
 
 
+def _per_model_energy(r: ReplayResult, mix: Sequence[Stream]) -> dict[str, float | None]:
+    """Joules per completed request of each model (the background sessions of one model together)."""
+    joules: dict[str, float] = {}
+    done: dict[str, int] = {}
+    for s in mix:
+        m = model_of(s.name)
+        joules[m] = joules.get(m, 0.0) + r.streams[s.name].energy_j
+        done[m] = done.get(m, 0) + r.streams[s.name].completed
+    return {m: round(joules[m] / done[m], 5) if done[m] else None for m in joules}
+
+
 def summarise(r: ReplayResult, mix: Sequence[Stream]) -> dict[str, Any]:
     per_model: dict[str, Any] = {}
     total_e, total_done = 0.0, 0
@@ -171,7 +182,7 @@ def summarise(r: ReplayResult, mix: Sequence[Stream]) -> dict[str, Any]:
     return {
         "slo_satisfaction_high": per_model[high[0]]["slo_satisfaction"] if high else None,
         "background_throughput": round(background / r.seconds, 2),
-        "energy_per_request_j": {n: m["energy_per_request_j"] for n, m in per_model.items()},
+        "energy_per_request_j": _per_model_energy(r, mix),
         "board_energy_per_request_j": round(total_e / total_done, 5) if total_done else None,
         "device_busy_share": {d: round(b / r.seconds, 3) for d, b in r.device_busy_s.items() if b > 0},
         "device_workers_modelled": r.workers,

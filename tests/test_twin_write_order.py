@@ -18,3 +18,28 @@ def test_emc_lock_then_rate_between_two_polls(tmp_path) -> None:
     after = read_emc(fs)
     assert after is not None and after.locked is True
     assert after.rate_hz == 665_600_000
+
+
+def test_a_write_landing_between_the_poll_and_the_render_is_kept(tmp_path, monkeypatch) -> None:
+    # A governor's restore that writes a knob while the twin applies an earlier write of it must
+    # not be replaced by the twin's render of the earlier value (a kernel applies both in turn).
+    twin = LiveTwin("rk3588", tmp_path)
+    twin.write_once()
+    knob = tmp_path / "sys/devices/system/cpu/cpufreq/policy4/scaling_max_freq"
+    avail = (tmp_path / "sys/devices/system/cpu/cpufreq/policy4/scaling_available_frequencies").read_text().split()
+    low, top = avail[0], avail[-1]
+    assert knob.read_text().strip() == top
+    knob.write_text(low + "\n")  # the governor caps the cluster
+    render = twin._render_state
+
+    def restore_then_render(state):  # the restore arrives after the poll read the cap
+        knob.write_text(top + "\n")
+        render(state)
+
+    monkeypatch.setattr(twin, "_render_state", restore_then_render)
+    twin.poll_writes()
+    assert knob.read_text().strip() == top  # kept, not re-rendered as the cap
+    monkeypatch.setattr(twin, "_render_state", render)
+    twin.poll_writes()  # the next poll applies the restore, as the kernel would
+    assert knob.read_text().strip() == top
+    assert twin.sim.user_limits("cluster4")[1] == int(top) * 1000  # the restore was applied

@@ -378,12 +378,16 @@ class LiveTwin:
                 self._last_rejection = f"{path.relative_to(self.root)}: {exc}"
             else:
                 self._applied += 1
-            # Show what the kernel shows now (the new value, or the old one restored).
-            self.tree.forget(path)
+            # Show what the kernel shows now (the new value, or the old one restored), unless
+            # the knob was written again since it was read here (tree_files.TreeFiles.forget).
+            self.tree.forget(path, seen=now)
         if seen:
             self.sim.board_state(self._state)
             self._fill_jiffies()
-            self._render_state(self._state)
+            try:
+                self._render_state(self._state)
+            finally:
+                self.tree.clear_seen()
         return seen
 
     def _apply(self, domain: str, knob: str, text: str) -> None:

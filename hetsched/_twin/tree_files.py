@@ -36,6 +36,20 @@ __all__ = ["OfflineStyle", "TreeFiles", "khz", "kernel_list"]
 
 OfflineStyle = Literal["-256000", "eagain"]
 
+def _content(dfd: int, name: str) -> bytes | None:
+    """The first 64 KiB of the regular file ``name`` under ``dfd`` (not following a link); None if unreadable."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _READ_LIMIT = 65536  # knobs are a few bytes; a planted huge file cannot stall a poll
@@ -80,6 +94,9 @@ class TreeFiles:
         self.offline_style: OfflineStyle = offline_style
         self.fs = ContainedRoot(self.root)
         self._written: dict[Path, bytes] = {}
+        self._seen: dict[Path, bytes] = {}
+        """Knobs the poll just applied: the content it read, so the render after it does not
+        replace a newer write that landed in between (see :meth:`forget`)."""
         self.knobs: dict[Path, tuple[str, str]] = {}
         """Writable path -> (domain or "", knob) the live twin watches."""
         self.dyn: dict[str, Path] = {}
@@ -146,6 +163,9 @@ class TreeFiles:
             dfd, name, st = r
             if st is not None and stat.S_ISREG(st.st_mode) and self._written.get(p) == data:
                 return p
+            seen = self._seen.pop(p, None)
+            if seen is not None and st is not None and stat.S_ISREG(st.st_mode) and _content(dfd, name) != seen:
+                return p  # written again since the poll read it: the next poll applies that write
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise TwinError(f"cannot write {p}: a directory is in the way")
             self._replace(dfd, name, data, mode, p)
@@ -180,8 +200,21 @@ class TreeFiles:
         """Bytes the twin itself last wrote at ``p``."""
         return self._written.get(p)
 
-    def forget(self, p: Path) -> None:
+    def forget(self, p: Path, *, seen: bytes | None = None) -> None:
+        """Drop what the twin last wrote at ``p`` (the next render writes it again).
+
+        ``seen``: the content the poll read and applied. The render then writes ``p`` only if it
+        still holds exactly that: a writer (a governor restoring a knob) that wrote it between the
+        poll's read and the render keeps its value, for the next poll to apply, as a kernel would
+        (it applies every write as it comes). Cleared by :meth:`clear_seen`.
+        """
         self._written.pop(p, None)
+        if seen is not None:
+            self._seen[p] = seen
+
+    def clear_seen(self) -> None:
+        """Forget the contents :meth:`forget` kept (the render after the poll is done)."""
+        self._seen.clear()
 
     def read(self, rel: str | Path) -> tuple[bytes, int] | None:
         """(content, mtime in ns) of the regular file at ``rel``; None when absent or not a regular file.
