@@ -58,7 +58,7 @@ from _labels import MODELLED, labelled, twin
 from hetsched import Device, Priority, Session, load_model
 from hetsched.backends.sim import twin_devices
 from hetsched.lowlevel import GraphIndex, build_plan
-from hetsched.policies import PowerThermalWeighted, Reservation
+from hetsched.policies import Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream  # noqa: E402
@@ -89,19 +89,6 @@ def streams(background: int, per_result: int, fps: float) -> list[Stream]:
 
 def model_of(stream: str) -> str:
     return "background" if stream.startswith("background") else stream
-
-
-class _Joint(PowerThermalWeighted):
-    """The default policy, given the model's priority, SLO and the other sessions' reservations
-    (what a Runtime passes for a session it attaches)."""
-
-    def __init__(self, reservations: Sequence[Reservation], priority: int, slo_s: float | None) -> None:
-        super().__init__()
-        self.reservations, self.priority, self.slo_s = tuple(reservations), int(priority), slo_s
-
-    def place(self, problem: Any) -> Any:
-        return super().place(dataclasses.replace(problem, reservations=self.reservations, priority=self.priority,
-                                                 slo_s=self.slo_s))
 
 
 def model_plan(plan: Any, devices: Sequence[Device]) -> ModelPlan:
@@ -140,7 +127,8 @@ def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Strea
     for s in sorted(mix, key=lambda s: s.priority):
         if s.fed_by is not None:
             rates[s.name] = rates[s.fed_by] * s.per_result
-        plan = build_plan(indexes[model_of(s.name)], devices, _Joint(reserved, s.priority, s.slo_s))
+        plan = build_plan(indexes[model_of(s.name)], devices, reservations=tuple(reserved), priority=s.priority,
+                          slo_s=s.slo_s)
         joint[s.name] = model_plan(plan, devices)
         if not s.clients:  # a closed loop takes what is left: it reserves nothing ahead of others
             reserved.append(reservation(s.name, joint[s.name], s, rates[s.name]))
