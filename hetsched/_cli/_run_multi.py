@@ -217,13 +217,22 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(q * len(s)))] * 1e3
 
 
-def _model_summary(served: _Served, session: Any, duration: float, energy0: float | None) -> dict[str, Any]:
-    from ._run import modelled_rows
+def _modelled_ms(session: Any) -> float | None:
+    """The twin's modelled board ms of one request: each simulated stage's mean modelled time, summed
+    (None where no stage is simulated)."""
+    total, any_modelled = 0.0, False
+    for x in session.stage_statistics().values():
+        if x is not None and hasattr(x, "modelled_time_s") and x.runs:
+            total += x.modelled_time_s / x.runs * 1e3
+            any_modelled = True
+    return total if any_modelled else None
 
+
+def _model_summary(served: _Served, session: Any, duration: float, energy0: float | None) -> dict[str, Any]:
     lat = served.latencies
     st = session.statistics()
     energy = None if st.energy_j is None or energy0 is None else st.energy_j - energy0
-    rows = modelled_rows(session)
+    modelled = _modelled_ms(session)
     out: dict[str, Any] = {
         "model": served.load.model, "rate": served.load.rate_hz, "priority": served.load.priority.name.lower(),
         "slo_ms": None if served.load.slo_s is None else served.load.slo_s * 1e3,
@@ -232,8 +241,8 @@ def _model_summary(served: _Served, session: Any, duration: float, energy0: floa
         "slo_satisfaction": (served.met / served.due if served.load.slo_s is not None and served.due else None),
         "energy_per_request_j": energy / len(lat) if energy is not None and lat else None,
     }
-    if rows:
-        out["modelled_ms_per_request"] = sum(r["time_ms_per_run"] for r in rows)
+    if modelled is not None:
+        out["modelled_ms_per_request"] = modelled
     return out
 
 
