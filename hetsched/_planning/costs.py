@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import onnx
 from onnx import TensorProto
 
 from hetsched.backends import Device
@@ -222,17 +221,6 @@ class NodeCost:
     bytes: float
 
 
-def _shape(t: onnx.TypeProto | None) -> tuple[list[int], int] | None:
-    if t is None or t.WhichOneof("value") != "tensor_type":
-        return None
-    tt = t.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    # (an unset dim_value reads 0: a free dim counts as 1, like a negative one)
-    dims = [v if v > 0 else 1 for v in (d.dim_value for d in tt.shape.dim)]
-    return dims, tt.elem_type
-
-
 _NO_SHAPE: tuple[None, float, float] = (None, 1.0, 4.0)
 
 
@@ -245,12 +233,13 @@ def _value(index: GraphIndex, name: str) -> tuple[tuple[list[int], int] | None, 
         "_value_cache", {})
     got = cache.get(name)
     if got is None:
-        s = _shape(index.value_type(name))
-        if s is None:
+        et, raw = index.tensor_info(name)
+        if et is None or raw is None:
             got = _NO_SHAPE
         else:
-            n = float(math.prod(s[0]))
-            got = (s, n, n * _ELEM_SIZE.get(s[1], 4))
+            dims = [v if v > 0 else 1 for v in raw]  # a free dim counts as 1, like a negative one
+            n = float(math.prod(dims))
+            got = ((dims, et), n, n * _ELEM_SIZE.get(et, 4))
         cache[name] = got
     return got
 

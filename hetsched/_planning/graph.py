@@ -76,7 +76,7 @@ class GraphIndex:
         ]
         self.graph_outputs: list[str] = [o.name for o in graph.output]
         self._init_types: dict[str, onnx.TypeProto] = {}
-        self._elem_types: dict[str, int | None] = {}
+        self._tensor_info: dict[str, tuple[int | None, list[int] | None]] = {}
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
         for vi in graph.value_info:
             self.value_info[vi.name] = vi
@@ -185,13 +185,23 @@ class GraphIndex:
             return t
         return None
 
-    def elem_type(self, name: str) -> int | None:
-        """The element type of a tensor value (``TensorProto`` enum), None when it is not a typed
-        tensor. Decoded once per value: capability checks ask for every input of every node."""
+    def tensor_info(self, name: str) -> tuple[int | None, list[int] | None]:
+        """``(element type, dims)`` of a value: the element type (``TensorProto`` enum) None when it
+        is not a typed tensor, the dims None without a shape (a free or unknown dim reads 0).
+        Decoded from the protobuf once per value: the capability checks and the cost model ask
+        for every input and output of every node."""
         try:
-            return self._elem_types[name]
+            return self._tensor_info[name]
         except KeyError:
             t = self.value_type(name)
-            et = t.tensor_type.elem_type if t is not None and t.WhichOneof("value") == "tensor_type" else None
-            self._elem_types[name] = et
-            return et
+            info: tuple[int | None, list[int] | None] = (None, None)
+            if t is not None and t.WhichOneof("value") == "tensor_type":
+                tt = t.tensor_type
+                info = (tt.elem_type, [d.dim_value for d in tt.shape.dim] if tt.HasField("shape") else None)
+            self._tensor_info[name] = info
+            return info
+
+    def elem_type(self, name: str) -> int | None:
+        """The element type of a tensor value (``TensorProto`` enum), None when it is not a typed
+        tensor (see :meth:`tensor_info`)."""
+        return self.tensor_info(name)[0]

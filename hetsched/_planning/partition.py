@@ -129,12 +129,13 @@ def compute_units(
             for p in preds[v]:
                 kp = in_run.get(p)
                 if kp is not None:
-                    a, b = _find(parent, k), _find(parent, kp)
+                    a = k if parent[k] == k else _find(parent, k)
+                    b = kp if parent[kp] == kp else _find(parent, kp)
                     if a != b:
                         parent[max(a, b)] = min(a, b)
         comps: dict[int, list[int]] = {}
         for k, v in enumerate(run):
-            comps.setdefault(_find(parent, k), []).append(v)
+            comps.setdefault(k if parent[k] == k else _find(parent, k), []).append(v)
         for root in sorted(comps):
             members = comps[root]
             size = max_unit_nodes or len(members)

@@ -426,10 +426,18 @@ def _price_units(index: GraphIndex, drafts: Sequence[UnitDraft], graph: _UnitGra
             cost[(u.id, dname)] = measured if measured is not None else est * factor[dname]
             if j_per_flop is not None:
                 energy[(u.id, dname)] = j_per_flop * flops
+        names_u: tuple[str, ...]
+        ops_u: tuple[str, ...]
+        if len(u.nodes) == 1:
+            ref = nodes_ref[u.nodes[0]]
+            names_u, ops_u = (ref.name,), (ref.op_type,)
+        else:
+            names_u = tuple(nodes_ref[n].name for n in u.nodes)
+            ops_u = tuple(nodes_ref[n].op_type for n in u.nodes)
         out.units.append(Unit(
             id=u.id,
-            nodes=tuple(nodes_ref[n].name for n in u.nodes),
-            op_types=tuple(nodes_ref[n].op_type for n in u.nodes),
+            nodes=names_u,
+            op_types=ops_u,
             candidates=cands,
             preds=graph.preds[u.id],
             succs=graph.succs[u.id],
