@@ -22,7 +22,23 @@ from hetsched._errors import BackendUnavailableError, StageExecutionError
 
 from ._base import Device, StageHooks, TensorSpec, WorkerInfo
 
-__all__ = ["LiteStage", "load_lite"]
+__all__ = ["NPU_CORES", "NPU_CORE_AUTO", "LiteStage", "core_mask_for", "load_lite"]
+
+NPU_CORES = 3
+"""NPU cores of the RK3588 (Rockchip RK3588 datasheet: a 6 TOPS NPU of three cores)."""
+
+NPU_CORE_AUTO = 0
+"""rknn-toolkit-lite2's ``RKNNLite.NPU_CORE_AUTO``; core ``i`` alone is ``1 << i`` (``NPU_CORE_0``
+= 1, ``NPU_CORE_1`` = 2, ``NPU_CORE_2`` = 4), ``NPU_CORE_0_1`` = 3, ``NPU_CORE_0_1_2`` = 7."""
+
+
+def core_mask_for(device: Device, index: int, workers: int) -> int:
+    """The core mask worker ``index`` of ``device`` runs with: core ``index`` for ``npu`` with
+    per-core workers, else the device's mask as given."""
+    given = int(device.options.get("core_mask", NPU_CORE_AUTO))
+    if given == NPU_CORE_AUTO and workers > 1:
+        return 1 << (index % NPU_CORES)
+    return given
 
 
 def load_lite() -> Any:
@@ -71,8 +87,6 @@ class LiteStage:
 
         :raises StageExecutionError: lite2 could not load the file or start the runtime.
         """
-        from .rknn import core_mask_for
-
         r = self._lite.RKNNLite(verbose=False)
         if r.load_rknn(str(self.rknn_path)) != 0:
             r.release()

@@ -56,10 +56,12 @@ from hetsched._errors import (
 )
 from hetsched._rknn.accuracy import StageAccuracy, compile_time_accuracy
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
+from hetsched._rknn.env import toolkit_unavailable_reason
 from hetsched._rknn.prepare import io_specs, prepare_stage
 from hetsched._rknn.processes import Prebuilt, ToolkitProcesses
 
 from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec, WorkerInfo
+from ._rknn_lite import NPU_CORE_AUTO, NPU_CORES, core_mask_for
 from .sim import OP_SETS, SimStage
 
 __all__ = [
@@ -74,12 +76,6 @@ __all__ = [
     "toolkit_unavailable_reason",
 ]
 
-NPU_CORES = 3
-"""NPU cores of the RK3588 (Rockchip RK3588 datasheet: a 6 TOPS NPU of three cores)."""
-
-NPU_CORE_AUTO = 0
-"""rknn-toolkit-lite2's ``RKNNLite.NPU_CORE_AUTO``; core ``i`` alone is ``1 << i`` (``NPU_CORE_0``
-= 1, ``NPU_CORE_1`` = 2, ``NPU_CORE_2`` = 4), ``NPU_CORE_0_1`` = 3, ``NPU_CORE_0_1_2`` = 7."""
 
 # Listed unsupported by the op-support document yet converted and run correctly by the
 # toolkit (../shared/reference/accelerators.md §1): the list is only a first guess.
@@ -561,30 +557,9 @@ class RknnBackend:
         return find_toolkit_python()
 
 
-def core_mask_for(device: Device, index: int, workers: int) -> int:
-    """The core mask worker ``index`` of ``device`` runs with: core ``index`` for ``npu`` with
-    per-core workers, else the device's mask as given."""
-    given = int(device.options.get("core_mask", NPU_CORE_AUTO))
-    if given == NPU_CORE_AUTO and workers > 1:
-        return 1 << (index % NPU_CORES)
-    return given
 
 
 
-def toolkit_unavailable_reason() -> str | None:
-    """Why stages cannot compile for the NPU off the board (no RKNN toolkit environment), or None.
-
-    The device resolver asks this to leave the NPU out of a twin root's default devices
-    rather than plan stages onto it that would then fail to compile.
-    """
-    from hetsched._errors import BackendUnavailableError
-    from hetsched._rknn.env import find_toolkit_python
-
-    try:
-        find_toolkit_python()
-    except BackendUnavailableError as exc:
-        return str(exc)
-    return None
 
 
 backend_class = RknnBackend

@@ -101,9 +101,9 @@ if _typing.TYPE_CHECKING:
     # isort: split
     from ._planning.costs import CostTable as CostTable
     from ._planning.costs import CostTableStatistics as CostTableStatistics
-    from ._planning.devices import CpuCluster as CpuCluster
-    from ._planning.devices import discover_cpu_clusters as discover_cpu_clusters
-    from ._planning.devices import resolve_devices as resolve_devices
+    from ._devices.resolve import CpuCluster as CpuCluster
+    from ._devices.resolve import discover_cpu_clusters as discover_cpu_clusters
+    from ._devices.resolve import resolve_devices as resolve_devices
     from ._planning.model import load_model as load_model
     from ._planning.partition import StageSpec as StageSpec
     from ._planning.plan import Plan as Plan
@@ -195,9 +195,9 @@ _LAZY: dict[str, str] = {
     "rk3588_profile": "._twin",
     "CostTable": "._planning.costs",
     "CostTableStatistics": "._planning.costs",
-    "CpuCluster": "._planning.devices",
-    "discover_cpu_clusters": "._planning.devices",
-    "resolve_devices": "._planning.devices",
+    "CpuCluster": "._devices.resolve",
+    "discover_cpu_clusters": "._devices.resolve",
+    "resolve_devices": "._devices.resolve",
     "load_model": "._planning.model",
     "StageSpec": "._planning.partition",
     "Plan": "._planning.plan",

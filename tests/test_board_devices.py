@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import DeviceSpecError, Session, resolve_devices
-from hetsched._planning.devices import board_device_notes
+from hetsched._devices.resolve import board_device_notes
 from hetsched._twin.profiles import get_profile, known_socs
 from hetsched.backends import get_backend
 from hetsched.backends.sim import clock_from_root, twin_devices

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hetsched import Device, DeviceSpecError, discover_cpu_clusters, resolve_devices
-from hetsched._planning.devices import format_cpulist, parse_cpulist
+from hetsched._devices.resolve import format_cpulist, parse_cpulist
 
 ALL8 = list(range(8))
 

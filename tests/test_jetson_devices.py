@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hetsched import DeviceSpecError, resolve_devices
-from hetsched._planning.jetson_devices import default_host_specs, dla_core_count, jetson_device_notes
+from hetsched._devices.jetson import default_host_specs, dla_core_count, jetson_device_notes
 from hetsched._platform import devfreq
 from hetsched._platform._fs import SysfsRoot
 from hetsched.testing import build_board_tree

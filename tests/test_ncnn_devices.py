@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import hetsched.backends._ncnn_devices as nd
 from hetsched import BackendUnavailableError, DeviceSpecError, Session, resolve_devices
 from hetsched._cli._doctor_checks import NcnnState, SdkState, check_sdks
-from hetsched._planning.jetson_devices import GPU_DEFAULT_ENV, NEVER_RUN, default_host_specs, jetson_device_notes
+from hetsched._devices.jetson import GPU_DEFAULT_ENV, NEVER_RUN, default_host_specs, jetson_device_notes
 from hetsched._platform._fs import SysfsRoot
 from hetsched.backends._ncnn_convert import ncnn_unavailable_reason
 from hetsched.policies import PlacementProblem

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import BackendUnavailableError, CompileError, Session
-from hetsched._planning.devices import resolve_devices
+from hetsched._devices.resolve import resolve_devices
 from hetsched._rknn.accuracy import RANDOM_SAMPLES
 from hetsched.backends import WorkerInfo, get_backend
 from hetsched.backends.rknn import RknnBackend, RknnStage

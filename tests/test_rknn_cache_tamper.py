@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from hetsched import BackendUnavailableError
-from hetsched._planning.devices import resolve_devices
+from hetsched._devices.resolve import resolve_devices
 from hetsched.backends.rknn import RknnBackend
 
 from _rknn_models import conv_net

@@ -21,7 +21,7 @@ import pytest
 from onnx import TensorProto
 
 from hetsched import BackendUnavailableError, ModelError, Session
-from hetsched._planning.devices import resolve_devices
+from hetsched._devices.resolve import resolve_devices
 from hetsched._rknn.accuracy import stage_accuracy
 from hetsched._rknn.calibrate import CalibrationSet, load_calibration_dir
 from hetsched.backends.rknn import RknnBackend, RknnStage

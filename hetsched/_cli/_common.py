@@ -236,8 +236,8 @@ def select_devices(specs: Sequence[str] | None, root: str | None) -> list[Any]:
     :raises DeviceSpecError: a spec the host or the board lacks (the message lists the board's specs).
     :raises UnknownSocError: ``root`` is not ``/`` and holds no known SoC.
     """
-    from hetsched._planning.board_devices import board_soc
-    from hetsched._planning.devices import resolve_devices
+    from hetsched._devices.board import board_soc
+    from hetsched._devices.resolve import resolve_devices
     from hetsched._platform import SysfsRoot
 
     if root is None or SysfsRoot(root).is_host_root:
@@ -259,8 +259,8 @@ def soc_devices(soc: str, specs: Sequence[str] | None) -> list[Any]:
     :raises DeviceSpecError: a spec the board lacks (the message lists its specs), or duplicates.
     """
     from hetsched._errors import DeviceSpecError
-    from hetsched._planning.board_devices import BoardRoot, resolve_board_spec
-    from hetsched._planning.devices import NPU_SPECS, resolve_devices
+    from hetsched._devices.board import BoardRoot, resolve_board_spec
+    from hetsched._devices.resolve import NPU_SPECS, resolve_devices
     from hetsched.backends.sim import twin_devices
 
     twins = twin_devices(soc)

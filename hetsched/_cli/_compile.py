@@ -109,7 +109,7 @@ def with_accuracy(session: Any, rows: list[dict[str, Any]]) -> list[dict[str, An
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
     from hetsched._errors import ModelError
-    from hetsched._planning.devices import resolve_devices
+    from hetsched._devices.resolve import resolve_devices
     from hetsched._planning.plan import build_plan
     from hetsched._rknn.manifest import ManifestEntry, write_manifest
     from hetsched._session._setup import load_index

@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _root_soc(root: str | None) -> str | None:
-    from hetsched._planning.board_devices import board_soc
+    from hetsched._devices.board import board_soc
     from hetsched._platform import SysfsRoot
 
     return board_soc(SysfsRoot(root)) if root else None

@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     devices = select_devices(args.devices, args.root)
     notes: list[str] = []
     if args.root and not args.devices:
-        from hetsched._planning.devices import board_device_notes
+        from hetsched._devices.resolve import board_device_notes
 
         notes = board_device_notes(args.root)
 

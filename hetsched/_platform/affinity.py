@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-__all__ = ["pin_current_thread"]
+__all__ = ["host_cpus", "pin_current_thread"]
+
+
+def host_cpus() -> tuple[int, ...]:
+    """CPUs this process may run on (its affinity; every CPU where the platform has none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
 
 
 def pin_current_thread(cpus: Sequence[int]) -> set[int] | None:

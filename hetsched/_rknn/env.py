@@ -40,6 +40,7 @@ __all__ = [
     "setup_steps",
     "setup_toolkit_env",
     "toolkit_env_dir",
+    "toolkit_unavailable_reason",
 ]
 
 TOOLKIT_VERSION = "2.5.0"
@@ -138,6 +139,19 @@ class SetupProgress:
     """At ``"start"``: the expected seconds of this step and every later one that will run."""
     holder: int | None = None
     """At ``"waiting"``: the process id of the setup that holds the folder, when it wrote one."""
+
+
+def toolkit_unavailable_reason() -> str | None:
+    """Why stages cannot compile for the NPU off the board (no RKNN toolkit environment), or None.
+
+    The device resolver asks this to leave the NPU out of a twin root's default devices
+    rather than plan stages onto it that would then fail to compile.
+    """
+    try:
+        find_toolkit_python()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    return None
 
 
 def setup_steps(env_dir: Path, *, torch: str, python: str) -> list[SetupStep]:

@@ -50,6 +50,7 @@ import anyio.from_thread
 import numpy as np
 import onnx
 
+from .._devices.resolve import resolve_devices
 from .._errors import (
     HetschedError,
     InputError,
@@ -58,7 +59,6 @@ from .._errors import (
     ModelNotFoundError,
     RuntimeStateError,
 )
-from .._planning.devices import resolve_devices
 from .._planning.model import load_model
 from ..backends import Device
 from ._ort_meta import (

@@ -1,7 +1,12 @@
 """Device specs (``"cpu:0-3"``, ``"big"``, ``"npu:0-1"``) and the host's CPU clusters from sysfs.
 
-On a board root (a twin's tree: see :mod:`hetsched._planning.board_devices`) the specs name the
+On a board root (a twin's tree: see :mod:`hetsched._devices.board`) the specs name the
 board's devices instead; on the host's ``/`` they name its cores (and an RK3588's NPU).
+
+This package sits above the planner, the backends and the board models: it asks backends
+whether they can run here (the RKNN toolkit, TensorRT, ncnn's Vulkan devices) and gets a board
+root's simulated devices from :mod:`hetsched._estimators`, the one place where a root's devices
+meet the twin. The planner only ever sees the :class:`Device` objects it returns.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from hetsched.backends import Device
 from .._errors import DeviceSpecError
 from .._platform import devfreq, rknpu, soc
 from .._platform._fs import SysfsRoot
+from .._platform.affinity import host_cpus
 from .._platform.cpufreq import CPU_DIR
 from .._platform.discovery import read_clusters
-from .board_devices import (
+from .board import (
     BoardRoot,
     board_device_notes,
     board_root,
@@ -26,7 +32,7 @@ from .board_devices import (
     default_board_devices,
     resolve_board_spec,
 )
-from .jetson_devices import default_host_specs, is_gpu_spec, jetson_gpu_devices
+from .jetson import default_host_specs, is_gpu_spec, jetson_gpu_devices
 
 __all__ = [
     "NPU_SPECS",
@@ -90,9 +96,10 @@ def _npu_device(spec: str, fs: SysfsRoot) -> Device:
     bandwidth = _MEM_BW_PER_DEVICE
     if not fs.is_host_root:
         # the tree is a twin's (or a capture's): model the stage on the twin's NPU at the tree's clocks
-        from hetsched.backends.sim import clock_from_root, twin_devices
+        from .._estimators import board_twin_devices
 
-        twin = next((d for d in twin_devices(soc_name, clock=clock_from_root(str(fs.root))) if d.kind == "npu"), None)
+        twin = next((d for d in board_twin_devices(soc_name, str(fs.root), root_bound=False) if d.kind == "npu"),
+                    None)
         if twin is not None:
             options.update({k: twin.options[k] for k in ("clock", "profile_domain", "memory_domain_profile")})
             options["simulated"] = True
@@ -152,13 +159,6 @@ def format_cpulist(cpus: Sequence[int]) -> str:
         out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
         i = j + 1
     return ",".join(out)
-
-
-def host_cpus() -> tuple[int, ...]:
-    """CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return tuple(range(os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -267,14 +267,14 @@ def resolve_devices(
     host cluster); on an RK3588 ``"npu"``, ``"npu:N"``, ``"npu:0-1"``, ``"npu:0-2"``.
     ``None`` means every host cluster. On a real Jetson Orin (``/``) ``"gpu"``, ``"dla"`` and
     ``"dla:N"`` are its GPU and DLA cores on the ``tensorrt`` backend, with ``":ort"`` appended
-    on the ``ort-gpu`` backend (see :mod:`hetsched._planning.jetson_devices`).
+    on the ``ort-gpu`` backend (see :mod:`hetsched._devices.jetson`).
 
     On a board root (``root`` is a tree, not ``/``, whose device tree names a SoC with a twin
     profile) the board's devices are meant instead: ``None`` is every CPU cluster, the GPU,
     the DLA cores and the RK3588 NPU (when the RKNN toolkit exists; :func:`board_device_notes`
     says why it is left out otherwise), and ``cpu``/``clusters``/``big``/``little``/``mid``,
     ``gpu``, ``npu...``, ``dla:N`` and the twin's device names pick some of them (see
-    :mod:`hetsched._planning.board_devices`); ``cpu:LIST`` stays the host's cores.
+    :mod:`hetsched._devices.board`); ``cpu:LIST`` stays the host's cores.
     On a real Jetson Orin's ``/``, ``None`` is the CPU clusters plus ``gpu`` and the DLA cores
     when the TensorRT backend can run (else the clusters, with a logged note).
 

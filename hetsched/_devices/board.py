@@ -1,8 +1,9 @@
 """Device specs on a board root: a board's tree that is not the host's ``/`` (a twin's root).
 
 A root whose device tree (``compatible``, ``etc/nv_tegra_release``) names a SoC hetsched has a
-twin profile for is a *board root*. Its devices are the twin's simulated devices
-(:func:`hetsched.backends.sim.twin_devices` at the tree's clocks), whose stages really run on
+twin profile for is a *board root*. Its devices are the twin's simulated devices (given by
+:func:`hetsched._estimators.board_twin_devices`, the twin's devices at the tree's clocks: this
+module never imports the twin or its backend), whose stages really run on
 the host's cores, one core each, round-robin, so they never pin to CPUs the host lacks, except
 the RK3588 NPU, which stays the RKNN backend's device (rknn-toolkit2's simulator computes it, the
 twin models its time and energy).
@@ -100,20 +101,29 @@ class BoardRoot:
         return out
 
 
+TwinDevices = Callable[[str, str, "tuple[int, ...] | None"], Sequence[Device]]
+"""``(soc, root, host CPUs) -> devices``: a board root's simulated devices at its tree's clocks."""
+
+
+def _twins(soc_name: str, root: str, host: tuple[int, ...] | None) -> Sequence[Device]:
+    from .._estimators import board_twin_devices  # the one place a root's devices meet the twin
+
+    return board_twin_devices(soc_name, root, host=host)
+
+
 def board_root(fs: SysfsRoot, *, host: Sequence[int] | None = None,
-               npu: Callable[[str, SysfsRoot], Device] | None = None) -> BoardRoot | None:
+               npu: Callable[[str, SysfsRoot], Device] | None = None,
+               twins: TwinDevices = _twins) -> BoardRoot | None:
     """The board under ``fs`` (None: not a board root, see :func:`board_soc`).
 
     :param host: host CPUs the twin's stages run on (default: every CPU this process may use).
     :param npu: ``(spec, fs) -> Device`` making the RKNN NPU device (the resolver's).
+    :param twins: the board's simulated devices (default: the twin's, through ``_estimators``).
     """
     name = board_soc(fs)
     if name is None:
         return None
-    from hetsched.backends.sim import clock_from_root, twin_devices
-
-    twins = tuple(twin_devices(name, clock=clock_from_root(str(fs.root)), host=tuple(host) if host else None,
-                               root=str(fs.root)))
+    found = tuple(twins(name, str(fs.root), tuple(host) if host else None))
     make = None
     if npu is not None and name in _NPU_SOCS:
         make_npu = npu
@@ -121,7 +131,7 @@ def board_root(fs: SysfsRoot, *, host: Sequence[int] | None = None,
         def make(spec: str) -> Device:
             return make_npu(spec, fs)
 
-    return BoardRoot(soc=name, root=str(fs.root), twins=twins, npu=make)
+    return BoardRoot(soc=name, root=str(fs.root), twins=found, npu=make)
 
 
 def board_specs(board: BoardRoot, npu_specs: Sequence[str] = ()) -> list[str]:
@@ -143,7 +153,7 @@ def board_specs(board: BoardRoot, npu_specs: Sequence[str] = ()) -> list[str]:
 def _npu_note(board: BoardRoot) -> str | None:
     if board.npu is None:
         return None
-    from hetsched.backends.rknn import toolkit_unavailable_reason
+    from .._rknn.env import toolkit_unavailable_reason
 
     reason = toolkit_unavailable_reason()
     if reason is None:
@@ -165,12 +175,12 @@ def board_device_notes(root: str | SysfsRoot) -> list[str]:
     NPU when the RKNN toolkit environment is missing, its Mali GPU without ncnn on a hardware Vulkan
     driver (a real board has no other backend for it); on a real Jetson Orin (the host's ``/``)
     the GPU and DLA cores when the ``tensorrt`` backend cannot run
-    (:func:`~hetsched._planning.jetson_devices.jetson_device_notes`). Empty for any other root,
+    (:func:`~hetsched._devices.jetson.jetson_device_notes`). Empty for any other root,
     and when nothing is left out."""
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
     board = board_root(fs, npu=lambda _spec, _fs: Device(name="npu"))
     if board is None:
-        from .jetson_devices import jetson_device_notes
+        from .jetson import jetson_device_notes
 
         return jetson_device_notes(fs)
     return [note for note in (_gpu_note(board), _npu_note(board)) if note]
