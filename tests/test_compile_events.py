@@ -22,7 +22,7 @@ from hetsched._cli._common import CompileProgress
 from hetsched._errors import CompileError
 from hetsched._events import HookDispatcher
 from hetsched._session._setup import CompileEvents
-from hetsched.backends import Device
+from hetsched.backends import NO_STAGE_HOOKS, Device, StageHooks
 from hetsched.lowlevel import SystemClock
 from hetsched.policies import PlacementProblem
 from hetsched.testing import FakeBackend, FakeStage, fake_device
@@ -48,6 +48,10 @@ class _StageStats:
 
 
 class _CachedStage(FakeStage):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hooks = StageHooks(compile_cache=self)  # declared: built through a compile cache
+
     def statistics(self) -> _StageStats:
         return _StageStats(cached=self.name in self._backend.cached)  # type: ignore[attr-defined]
 
@@ -207,6 +211,7 @@ def test_a_failing_after_hook_closes_the_compiled_stage() -> None:
 
     class Stage:
         closed = False
+        hooks = NO_STAGE_HOOKS
 
         def close(self) -> None:
             self.closed = True

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import hetsched
 from hetsched._errors import BackendUnavailableError, CompileError, PartitionError
 from hetsched._session._setup import CompileStatistics
-from hetsched.backends import Device
+from hetsched.backends import BackendHooks, Device
 from hetsched.policies import PlacementProblem
 from hetsched.testing import FakeBackend, FakeStage, fake_device
 
@@ -61,6 +61,7 @@ class Refuser(FakeBackend):
         self.attempts: list[tuple[str, tuple[str, ...]]] = []
         self.shapes_seen: list[object] = []
         self._mu = threading.Lock()
+        self.hooks = BackendHooks(compile_counters=self)  # declared: it counts its conversions
 
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> FakeStage:
         ops = tuple(n.op_type for n in model.graph.node)

@@ -23,7 +23,7 @@ from hetsched import (
     Session,
     StageExecutionError,
 )
-from hetsched.backends import NO_BACKEND_HOOKS, NO_STAGE_HOOKS
+from hetsched.backends import NO_BACKEND_HOOKS, NO_STAGE_HOOKS, BackendHooks
 from hetsched.policies import Pinned
 from hetsched.testing import FakeBackend, fake_device
 
@@ -386,7 +386,7 @@ async def test_an_allocation_failure_runs_unbound_once_leaks_nothing_and_keeps_t
 async def test_background_compile_serves_at_once_then_switches_to_the_slow_devices_plan(anyio_backend: str) -> None:
     rec = _Recorder()
     with FakeBackend("fake-quick") as quick, FakeBackend("fake-slow") as slow:
-        slow.slow_compile = True  # type: ignore[attr-defined]  # as the RKNN backend declares
+        slow.hooks = BackendHooks(slow_compile=True)  # as the RKNN backend declares
         devices = [fake_device("cpuish", backend="fake-quick", peak_flops=1e9),
                    fake_device("npuish", backend="fake-slow", peak_flops=1e13)]
         async with Session(_chain(), devices=devices, hooks=[rec], adaptation=hetsched.Adaptation(background_compile=True)) as s:

@@ -47,7 +47,7 @@ SampleFn = Callable[[], Mapping[str, DeviceState] | None]
 
 def _kind(reason: str) -> str:
     head = reason.split(":", 1)[0].strip()
-    return head if head in ("thermal", "power", "drift", "failure", "profile") else "requested"
+    return head if head in ("thermal", "power", "drift", "failure", "profile", "placement") else "requested"
 
 
 class Adapter:
@@ -76,6 +76,8 @@ class Adapter:
         self._last_reason: str | None = None
         self._failed = 0
         self._last_error: str | None = None
+        self._history: list[ReplanInfo] = []
+        self._errors: list[str] = []
         self._closed_gens: set[int] = set()
         self._close_lock = threading.Lock()
         self._retired_energy = 0.0
@@ -169,6 +171,7 @@ class Adapter:
         except HetschedError as exc:
             self._failed += 1
             self._last_error = f"{reason}: {exc}"
+            self._errors.append(self._last_error)
             raise
         old = self._scheduler.generation
         old_plan = old.plan if old is not None else None
@@ -181,10 +184,11 @@ class Adapter:
         self._reasons[kind] = self._reasons.get(kind, 0) + 1
         self._last_reason = reason
         self._last_replan = self._perf()
+        record = ReplanInfo(reason, self._number, moved, tuple(excluded), self._perf() - t0)
+        self._history.append(record)
         listeners = self._dispatch.listeners[Event.REPLAN]
         if listeners:
-            info = EventInfo(Event.REPLAN, self._perf(), extra=ReplanInfo(
-                reason, self._number, moved, tuple(excluded), self._perf() - t0))
+            info = EventInfo(Event.REPLAN, self._perf(), extra=record)
             for fn in listeners:
                 fn(info)
         return plan
@@ -254,7 +258,7 @@ class Adapter:
 
     def statistics(self) -> ReplanStatistics:
         return ReplanStatistics(self._replans, self._last_reason, dict(self._reasons), self._failed,
-                                self._last_error)
+                                self._last_error, tuple(self._history), tuple(self._errors))
 
     @property
     def states(self) -> Mapping[str, DeviceState]:
@@ -334,14 +338,12 @@ class Adapter:
             # its runs' figures move to the retired totals and the generation stops being live in
             # one step, so a statistics() snapshot counts them once (see board_figures)
             for st in gen.stages:
-                stats = getattr(st.compiled, "statistics", None)
-                snap = stats() if callable(stats) else None
-                energy = getattr(snap, "modelled_energy_j", None)
-                seconds = getattr(snap, "modelled_time_s", None)
-                if isinstance(energy, (int, float)):
-                    self._retired_energy += float(energy)
-                if isinstance(seconds, (int, float)):
-                    self._retired_busy[st.device] = self._retired_busy.get(st.device, 0.0) + float(seconds)
+                modelled = st.hooks.modelled
+                if modelled is None:
+                    continue
+                snap = modelled.statistics()
+                self._retired_energy += float(snap.modelled_energy_j)
+                self._retired_busy[st.device] = self._retired_busy.get(st.device, 0.0) + float(snap.modelled_time_s)
             self._scheduler.forget(gen)
         for st in gen.stages:
             st.compiled.close()

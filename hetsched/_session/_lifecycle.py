@@ -68,7 +68,7 @@ class Lifecycle:
                  calibration: Iterable[Mapping[str, Any]] | None, adaptation: Adaptation,
                  runtime: Runtime | None, scheduling: Scheduling, memory: Memory, name: str | None,
                  weight: float, slo_s: float | None, max_in_flight: int, trace: SessionTrace | None,
-                 energy: Callable[[], float | None], governor: Any):
+                 energy: Callable[[], float | None], governor: Any, priority: int):
         self.source = source
         self._device_specs = devices
         self._policy = policy
@@ -89,6 +89,7 @@ class Lifecycle:
         self._weight = weight
         self._slo_s = slo_s
         self._max_in_flight = max_in_flight
+        self.priority = priority
         self.trace = trace
         self._energy = energy
         power_budget = adaptation.power_budget_w
@@ -143,7 +144,7 @@ class Lifecycle:
             self.name, self.tenant = runtime.attach(
                 self.name, dispatch=self.dispatch, costs=self.costs, learn_costs=self.adaptation.learn_costs,
                 weight=self._weight, max_in_flight=self._max_in_flight, slo_s=self._slo_s, energy=self._energy,
-                closer=self.close_attached)
+                closer=self.close_attached, priority=self.priority, replan=self._replan_for_runtime)
             self.adapter = Adapter(config=self.adaptation.replanning, scheduler=self.tenant, dispatch=self.dispatch,
                                    plan_fn=self.plan_and_compile, install=self.install, sample=self.sample_states,
                                    perf=self.clock.perf_counter)
@@ -187,8 +188,8 @@ class Lifecycle:
         """Plan and compile at opening; returns the devices left for a background plan (with
         ``background_compile``: those whose backend compiles slowly, when the others can run
         the whole model)."""
-        deferred = [d.name for d in self.devices
-                    if getattr(get_backend(d.backend), "slow_compile", False)] if self.adaptation.background_compile else []
+        deferred = ([d.name for d in self.devices if get_backend(d.backend).hooks.slow_compile]
+                    if self.adaptation.background_compile else [])
         if deferred and len(deferred) < len(self.devices):
             try:
                 await self.replan_now(excluded=deferred)
@@ -288,9 +289,14 @@ class Lifecycle:
         devices = [d for d in self.devices if d.name not in set(excluded)]
         states = {**sampled, **self.adaptation.device_states}
 
+        runtime = self.runtime
+        # joint placement: the load the runtime's other sessions put on the devices, as plain data
+        reservations = runtime.reservations(except_session=self.name) if runtime is not None else ()
+
         def build(refused: Mapping[tuple[str, str], str]) -> Plan:
             return build_plan(index, devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
-                              device_states=states, costs=self.costs if use_costs else None)
+                              device_states=states, costs=self.costs if use_costs else None,
+                              reservations=reservations, priority=self.priority, slo_s=self._slo_s)
 
         if self._calibration_feeds is not None and self._calibration is None:
             from .._rknn.calibrate import CalibrationSet
@@ -309,6 +315,14 @@ class Lifecycle:
         gen.plan = plan
         self.core.set_stages(stages, source, runtime.topology, runtime.host,
                              domains=[d.memory_domain for d in self.devices])
+
+    async def _replan_for_runtime(self, reason: str) -> Plan:
+        """``Runtime.replace``: re-place this session (its adapter's re-plan, with measured costs)."""
+        adapter = self.adapter
+        if adapter is None or not self.core.is_open:
+            raise RuntimeStateError("the session is not open")
+        plan: Plan = await adapter.replan(reason, use_costs=True)
+        return plan
 
     def require_index(self) -> GraphIndex:
         if self.index is None:

@@ -73,11 +73,11 @@ def profile_units(index: GraphIndex, plan: Plan, feeds: dict[str, Any], repeats:
                     out: list[Any] = []
                     # a backend that knows its own run time (a twin stage's modelled board
                     # seconds) is measured by it, as the runtime learns it
-                    own = getattr(compiled, "last_run_seconds", None)
+                    own = compiled.hooks.modelled
                     for _ in range(max(1, repeats)):
                         t0 = perf_counter()
                         out = compiled.run(stage_feeds)
-                        times.append(perf_counter() - t0 if not callable(own) else float(own()))
+                        times.append(perf_counter() - t0 if own is None else float(own.last_run_seconds()))
                     for name, v in zip(compiled.output_names, out, strict=False):
                         values[name] = v
                     times.sort()

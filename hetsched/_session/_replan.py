@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from hetsched.policies import DeviceState
 
+from .._events import ReplanInfo
+
 __all__ = ["ReplanFlags", "Replanning", "ReplanStatistics", "decide_replan", "drift_reason"]
 
 
@@ -89,6 +91,11 @@ class ReplanStatistics:
     failed: int = 0
     """Re-plans that found no plan (the previous plan stayed in place)."""
     last_error: str | None = None
+    history: tuple[ReplanInfo, ...] = ()
+    """Every re-plan installed, in order: its reason, number, units moved, devices left out and
+    seconds (what ``REPLAN`` hooks were told), so a run's summary can name each one."""
+    errors: tuple[str, ...] = ()
+    """Every re-plan that found no plan, as ``"<reason>: <error>"``, in order."""
 
 
 def decide_replan(config: Replanning, flags: ReplanFlags, states: Mapping[str, DeviceState],

@@ -44,9 +44,9 @@ import anyio
 
 from hetsched.backends import Device, get_backend
 
+from .._devices.resolve import resolve_devices
 from .._errors import BufferLeakError, RuntimeStateError
 from .._events import HookDispatcher
-from .._planning.devices import resolve_devices
 from .._runtime._buffers import BufferPool, pools_for
 from .._runtime._clock import Clock, SystemClock
 from .._runtime._domains import Topology
@@ -56,6 +56,8 @@ from ._options import Memory, Scheduling
 from ._setup import TransferEvents, make_topology
 
 if TYPE_CHECKING:
+    from hetsched.policies import Reservation
+
     from .._runtime._tenants import SchedulerStatistics, Tenant, TenantStatistics
     from ._governed import GovernorHooks
 
@@ -114,9 +116,12 @@ class RuntimeStatistics:
 class _Attached:
     """What the runtime keeps of an attached session."""
 
-    def __init__(self, name: str, tenant: Tenant, energy: Any):
+    def __init__(self, name: str, tenant: Tenant, energy: Any, priority: int, attached_at: float):
         self.name = name
         self.tenant = tenant
+        self.priority = priority
+        self.attached_at = attached_at
+        self.replan: Any = None  # the session's re-plan (async, reason -> plan), for Runtime.replace()
         self.energy = energy  # () -> joules or None: the session's statistics().energy_j
         self.final: TenantStatistics | None = None
         self.final_energy: float | None = None
@@ -242,7 +247,7 @@ class Runtime:
 
     def attach(self, name: str | None, *, dispatch: HookDispatcher, costs: Any, learn_costs: bool,
                weight: float, max_in_flight: int | None, slo_s: float | None, energy: Any,
-               closer: Any) -> tuple[str, Tenant]:
+               closer: Any, priority: int = 2, replan: Any = None) -> tuple[str, Tenant]:
         """Attach a session (its ``__aenter__``; event loop): a tenant of the board's scheduler.
         Returns the unique name it got (``name``, or ``name#2`` when taken) and the tenant.
 
@@ -258,8 +263,9 @@ class Runtime:
             unique, k = f"{base}#{k}", k + 1
         tenant = sch.attach(unique, dispatch=dispatch, costs=costs, learn_costs=learn_costs, weight=weight,
                             max_in_flight=max_in_flight, slo_s=slo_s)
-        entry = _Attached(unique, tenant, energy)
+        entry = _Attached(unique, tenant, energy, priority, self.clock.monotonic())
         entry.closer = closer
+        entry.replan = replan
         self._attached.append(entry)
         return unique, tenant
 
@@ -269,16 +275,48 @@ class Runtime:
         entry = next((a for a in self._attached if a.tenant is tenant), None)
         if entry is None:
             return
-        sch = self._scheduler
-        if sch is not None and sch.workers:
-            entry.final = await sch.detach(tenant)
-        else:  # the workers are gone (the runtime is closing): nothing more of it will run
-            entry.final = tenant.statistics()
-            sch_ = tenant.scheduler
-            sch_.forget_tenant(tenant)
+        # with the workers stopped (a private runtime closing), its unfinished requests fail
+        entry.final = await tenant.scheduler.detach(tenant)
         entry.final_energy = entry.energy()
         self._attached.remove(entry)
         self._gone.append(entry)
+
+    def reservations(self, *, except_session: str | None = None) -> tuple[Reservation, ...]:
+        """The load every attached session (but ``except_session``) puts on the board's devices,
+        as plain data for joint placement (``PlacementProblem.reservations``): per device, the
+        share of the runtime's time its stages kept the device busy since it attached (capped at
+        1), with its default priority and SLO. Any thread."""
+        from hetsched.policies import Reservation
+
+        now = self.clock.monotonic()
+        out: list[Reservation] = []
+        for e in list(self._attached):
+            if e.name == except_session:
+                continue
+            span = now - e.attached_at
+            busy = e.tenant.statistics().busy_s
+            share = {dev: min(1.0, sec / span) for dev, sec in busy.items() if sec > 0} if span > 0 else {}
+            out.append(Reservation(e.name, MappingProxyType(share), e.priority, e.tenant.slo_s))
+        return tuple(out)
+
+    async def replace(self, reason: str = "requested") -> None:
+        """Re-place every attached session now, one after the other, each planned knowing the
+        load the others put on the devices (:meth:`reservations`); requests keep being served
+        (each session switches plans as ``Session.replan`` does). A session that finds no new
+        plan keeps its own (counted in its ``statistics().replanning.failed``).
+
+        :raises RuntimeStateError: the runtime is not open.
+        """
+        from .._errors import HetschedError
+
+        self.scheduler  # noqa: B018 (raises when not open)
+        for e in list(self._attached):
+            if e.replan is None or e not in self._attached:
+                continue
+            try:
+                await e.replan(f"placement: {reason}")
+            except HetschedError:
+                pass  # counted by the session; its plan stays
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -305,8 +343,7 @@ class Runtime:
                 governor_entered = True
             self._scheduler.start(self._devices, worker_cpus)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._close_board(governor_entered)
+            await self._close_board(governor_entered)
             raise
         self._open = True
         return self
@@ -324,15 +361,17 @@ class Runtime:
             return None
         self._closing = True
         try:
-            for entry in list(self._attached):
+            # the most recently attached first, as nested 'async with' blocks would close them (a
+            # session's task group is entered inside the runtime's: it is exited here, unshielded)
+            for entry in reversed(list(self._attached)):
                 if entry.closer is not None:
-                    with anyio.CancelScope(shield=True):
-                        await entry.closer()
+                    await entry.closer()
         finally:
-            with anyio.CancelScope(shield=True):
+            try:
                 leak = await self._close_board(self._owns_governor)
-            self._open = False
-            self._closing = False
+            finally:
+                self._open = False
+                self._closing = False
         return leak
 
     async def stop_workers(self) -> None:
@@ -352,20 +391,28 @@ class Runtime:
             sch.abort(w.drain(), RuntimeStateError("the runtime stopped its device workers"))
 
     async def _close_board(self, governor_entered: bool) -> BufferLeakError | None:
+        """Stop the workers, then exit what ``__aenter__`` entered in reverse order: the governor
+        (restoring every clock it changed), the transfer engine, the pools. Shielded but the
+        governor's exit, whose task group was entered here unshielded (it restores
+        synchronously, so no cancellation can cut the restore short)."""
+        leaks: list[BufferLeakError] = []
         try:
-            await self.stop_workers()
-            if self._engine is not None:
-                engine, self._engine = self._engine, None
-                await engine.__aexit__(None, None, None)
-            leaks: list[BufferLeakError] = []
-            for pool in self._pools.values():
-                try:
-                    pool.close()
-                except BufferLeakError as err:
-                    leaks.append(err)
+            with anyio.CancelScope(shield=True):
+                await self.stop_workers()
         finally:
-            if governor_entered:
-                await self.governor.__aexit__(None, None, None)  # restores every clock it changed
+            try:
+                if governor_entered:
+                    await self.governor.__aexit__(None, None, None)
+            finally:
+                if self._engine is not None:
+                    engine, self._engine = self._engine, None
+                    with anyio.CancelScope(shield=True):
+                        await engine.__aexit__(None, None, None)
+                for pool in self._pools.values():
+                    try:
+                        pool.close()
+                    except BufferLeakError as err:
+                        leaks.append(err)
         if not leaks:
             return None
         labels = [lbl for e in leaks for lbl in e.labels]
@@ -419,6 +466,6 @@ class Runtime:
 def worker_cpus(dev: Device) -> Sequence[tuple[int, ...]]:
     """The CPU sets of ``dev``'s worker threads: its backend's choice where it makes one
     (e.g. per-core workers), else one worker pinned to the device's cores."""
-    fn = getattr(get_backend(dev.backend), "worker_cpus", None)
-    return fn(dev) if fn is not None else [tuple(dev.cpus)]
+    workers = get_backend(dev.backend).hooks.workers
+    return workers.worker_cpus(dev) if workers is not None else [tuple(dev.cpus)]
 

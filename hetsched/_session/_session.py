@@ -130,6 +130,8 @@ class Session:
     :param slo_s: the default SLO of the session's requests, in seconds from admission: a
         scheduling deadline (requests closer to theirs go first within a priority class; one
         that can no longer meet it is flagged and counted), never a cancellation. None: no SLO.
+    :param priority: the default :class:`Priority` of the session's requests (``run()`` and
+        ``map()`` take their own); joint placement weighs the other sessions' load by it.
     :param weight: the session's share of the devices against other sessions' requests of the
         same class without SLO (weighted fair queuing; 1.0 each by default).
     :param name: the session's name in the runtime's statistics (default: the model's file
@@ -168,6 +170,7 @@ class Session:
         calibration: Iterable[Mapping[str, Any]] | None = None,
         runtime: Runtime | None = None,
         slo_s: float | None = None,
+        priority: Priority | int = Priority.NORMAL,
         weight: float = 1.0,
         name: str | None = None,
         scheduling: Scheduling | None = None,
@@ -217,6 +220,7 @@ class Session:
         self._dispatch = HookDispatcher(hooks)
         self.costs = costs if costs is not None else CostTable()
         self._slo_s = slo_s
+        self._priority = priority_value(priority)
         self._core = SessionCore(self._dispatch, self._clock, max_in_flight)
         if name is None and isinstance(model, (str, os.PathLike)):
             name = os.path.basename(os.fspath(model)).removesuffix(".onnx") or None
@@ -226,7 +230,8 @@ class Session:
             calibration=calibration, adaptation=adaptation, runtime=runtime,
             scheduling=scheduling if scheduling is not None else Scheduling(),
             memory=memory if memory is not None else Memory(), name=name, weight=float(weight), slo_s=slo_s,
-            max_in_flight=max_in_flight, trace=self._trace, energy=self._energy_j, governor=governor)
+            max_in_flight=max_in_flight, trace=self._trace, energy=self._energy_j, governor=governor,
+            priority=self._priority)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -367,8 +372,8 @@ class Session:
         self._require_index()
         out: dict[str, Any] = {}
         for st in self._life.stages:
-            stats = getattr(st.compiled, "statistics", None)
-            out[st.spec.name] = stats() if callable(stats) else None
+            reporting = st.hooks.statistics
+            out[st.spec.name] = reporting.statistics() if reporting is not None else None
         return out
 
     def statistics(self) -> SessionStatistics:
@@ -422,29 +427,29 @@ class Session:
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
-                  priority: Priority | int = ..., zero_copy: Literal[False] = False,
+                  priority: Priority | int | None = ..., zero_copy: Literal[False] = False,
                   slo_s: float | None = ...) -> dict[str, np.ndarray]: ...
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,
-                  priority: Priority | int = ..., zero_copy: Literal[True],
+                  priority: Priority | int | None = ..., zero_copy: Literal[True],
                   slo_s: float | None = ...) -> Outputs: ...
 
     @overload
     async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
-                  priority: Priority | int = ..., zero_copy: Literal[False] = False,
+                  priority: Priority | int | None = ..., zero_copy: Literal[False] = False,
                   slo_s: float | None = ...) -> list[np.ndarray]: ...
 
     @overload
     async def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *,
-                  priority: Priority | int = ..., zero_copy: Literal[True],
+                  priority: Priority | int | None = ..., zero_copy: Literal[True],
                   slo_s: float | None = ...) -> Outputs: ...
 
     @overload
-    async def run(self, *args: Any, priority: Priority | int = ..., zero_copy: bool = ...,
+    async def run(self, *args: Any, priority: Priority | int | None = ..., zero_copy: bool = ...,
                   slo_s: float | None = ..., **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs: ...
 
-    async def run(self, *args: Any, priority: Priority | int = Priority.NORMAL, zero_copy: bool = False,
+    async def run(self, *args: Any, priority: Priority | int | None = None, zero_copy: bool = False,
                   slo_s: Any = DEFAULT_SLO, **kwargs: Any) -> dict[str, np.ndarray] | list[np.ndarray] | Outputs:
         """Run one request.
 
@@ -457,8 +462,8 @@ class Session:
         order): read-only views of the pool memory the stages wrote, valid until
         ``release()``; nothing is copied.
 
-        :param priority: :class:`Priority` (or its int); more urgent requests' stages start
-            first on every device and their transfers preempt less urgent ones.
+        :param priority: :class:`Priority` (or its int; default: the session's); more urgent
+            requests' stages start first on every device and their transfers preempt less urgent ones.
         :param slo_s: this request's SLO in seconds from admission (default: the session's
             ``slo_s``; None: none): a scheduling deadline, never a cancellation (cancel with an
             anyio scope). A request that cannot meet it any more is flagged, served after those
@@ -489,7 +494,7 @@ class Session:
         core.require_open("run()")
         checked = core.check_feeds(feeds)
         wanted = core.wanted(output_names)
-        prio = priority_value(priority)
+        prio = self._priority if priority is None else priority_value(priority)
         if slo_s is not DEFAULT_SLO and slo_s is not None and not (isinstance(slo_s, (int, float)) and slo_s > 0):
             raise ValueError(f"slo_s must be a positive number of seconds or None, got {slo_s!r}")
         await core.acquire(prio)
@@ -502,7 +507,7 @@ class Session:
         return result
 
     def map(self, source: Iterable[Mapping[str, Any]] | AsyncIterable[Mapping[str, Any]], *,
-            priority: Priority | int = Priority.NORMAL, window: int | None = None, zero_copy: bool = False,
+            priority: Priority | int | None = None, window: int | None = None, zero_copy: bool = False,
             output_names: Sequence[str] | None = None) -> ResultStream:
         """Run a stream of requests, one per item of ``source``; results come in source order.
 
@@ -529,7 +534,8 @@ class Session:
             an invalid item (in its place, while iterating).
         :raises ValueError: ``priority`` is not a :class:`Priority`, ``window`` is not positive.
         """
-        return ResultStream(self._core, source, priority=priority_value(priority), window=window,
+        prio = self._priority if priority is None else priority_value(priority)
+        return ResultStream(self._core, source, priority=prio, window=window,
                             zero_copy=zero_copy, output_names=output_names)
 
     async def profile(self, feeds: Mapping[str, Any] | None = None, *, repeats: int = 3,

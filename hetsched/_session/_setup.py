@@ -188,12 +188,10 @@ class CompileEvents:
 
 
 def _cached(compiled: CompiledStage) -> bool | None:
-    """The compiled stage's ``statistics().cached`` (a twin stage's from the accelerator stage
-    it wraps), None where it has none."""
-    inner = getattr(compiled, "rknn", compiled)
-    stats = getattr(inner, "statistics", None)
-    cached = getattr(stats(), "cached", None) if callable(stats) else None
-    return cached if isinstance(cached, bool) else None
+    """Whether the compiled stage came out of its backend's compile cache (``hooks.compile_cache``:
+    a twin stage declares the accelerator stage it wraps), None where it declares none."""
+    cache = compiled.hooks.compile_cache
+    return bool(cache.statistics().cached) if cache is not None else None
 
 
 def _compile_batch(index: GraphIndex, jobs: Sequence[tuple[StageSpec, Device]], events: CompileEvents | None,
@@ -259,11 +257,8 @@ def _try_compile(index: GraphIndex, plan: Plan, shapes: Mapping[str, Sequence[in
         flops = sum(node_costs[n].flops for n in spec.nodes)
         nbytes = sum(node_costs[n].bytes for n in spec.nodes)
         est = device_seconds(dev, flops, nbytes)  # the planner's one time model (issue 24)
-        rt = StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain)
-        reason = getattr(res, "unbound_reason", None)
-        if not rt.bound and isinstance(reason, str) and reason:
-            rt.fallback_reason = reason  # the backend's own words: which output, and why
-        out.append(rt)
+        # StageRuntime takes the backend's own words on an unbound stage (hooks.unbound_reason)
+        out.append(StageRuntime(spec, res, unit_key(index, spec.nodes), est, dev.memory_domain))
     return out, failures
 
 
@@ -378,18 +373,18 @@ class CompileStatistics:
 def compile_counters(devices: Iterable[Device], *, since: CompileStatistics | None = None,
                      refused: int = 0) -> CompileStatistics:
     """The sums of ``conversions``, ``cache_hits`` and ``seconds`` over the distinct backends of
-    ``devices`` whose ``statistics()`` has them, less those of ``since`` (backend counters are
+    ``devices`` that count them (``hooks.compile_counters``), less those of ``since`` (backend counters are
     process-wide: a session reports the difference since it opened), with ``refused`` pairs."""
     conversions = hits = 0
     seconds = 0.0
     for name in dict.fromkeys(d.backend for d in devices):
-        stats_fn = getattr(get_backend(name), "statistics", None)
-        if stats_fn is None:
+        counting = get_backend(name).hooks.compile_counters
+        if counting is None:
             continue
-        st = stats_fn()
-        conversions += int(getattr(st, "conversions", 0))
-        hits += int(getattr(st, "cache_hits", 0))
-        seconds += float(getattr(st, "seconds", 0.0))
+        st = counting.statistics()
+        conversions += int(st.conversions)
+        hits += int(st.cache_hits)
+        seconds += float(st.seconds)
     base = since or CompileStatistics()
     return CompileStatistics(conversions - base.conversions, hits - base.cache_hits, seconds - base.seconds,
                              refused)
@@ -437,13 +432,12 @@ class TransferEvents:
 
 
 def _with_accuracy(plan: Plan, stages: Sequence[StageRuntime]) -> Plan:
-    """``plan`` carrying the accuracy each compiled stage measured (its ``statistics().accuracy``
-    with a ``to_json()``: NPU stages), so ``plan.to_json()`` reports it."""
+    """``plan`` carrying the accuracy each compiled stage measured (``hooks.accuracy``: NPU
+    stages; a twin stage declares the accelerator stage it wraps), so ``plan.to_json()`` reports it."""
     measured: dict[str, Mapping[str, float | int]] = {}
     for st in stages:
-        inner = getattr(st.compiled, "rknn", st.compiled)  # a twin stage wraps the accelerator's
-        stats = getattr(inner, "statistics", None)
-        acc = getattr(stats(), "accuracy", None) if callable(stats) else None
-        if acc is not None and callable(getattr(acc, "to_json", None)):
-            measured[st.spec.name] = acc.to_json()
+        probed = st.hooks.accuracy
+        acc = probed.statistics().accuracy if probed is not None else None
+        if acc is not None:
+            measured[st.spec.name] = dict(acc.to_json())
     return dataclasses.replace(plan, stage_accuracy=measured) if measured else plan

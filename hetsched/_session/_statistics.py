@@ -115,16 +115,14 @@ def energy_fields(sch: Tenant | None, current: Sequence[StageRuntime], retired_j
     total = 0.0
     found = retired_j > 0
     for st in stages:
-        stats = getattr(st.compiled, "statistics", None)
-        snap = stats() if callable(stats) else None
-        seconds = getattr(snap, "modelled_time_s", None)
-        if isinstance(seconds, (int, float)):
-            busy[st.device] = busy.get(st.device, 0.0) + float(seconds)
-        energy = getattr(snap, "modelled_energy_j", None)
-        if not isinstance(energy, (int, float)):
+        modelled = st.hooks.modelled
+        if modelled is None:
             continue
+        snap = modelled.statistics()
+        busy[st.device] = busy.get(st.device, 0.0) + float(snap.modelled_time_s)
+        energy = float(snap.modelled_energy_j)
         found = True
-        total += float(energy)
+        total += energy
         if id(st) in now:
             per_stage[st.name] = float(energy)
     return {"energy_j": total + retired_j if found else None, "energy_source": "modelled" if found else None,
