@@ -28,7 +28,7 @@ import onnx
 from onnx import TensorProto
 
 from hetsched._errors import StageExecutionError
-from hetsched._planning.devices import host_cpus
+from hetsched._platform.affinity import host_cpus
 
 from ._base import NO_BACKEND_HOOKS, Capabilities, CompiledStage, Device, OpRule, StageHooks, TensorSpec
 from .cpu import CpuBackend
