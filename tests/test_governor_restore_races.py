@@ -79,3 +79,41 @@ def test_restore_rewrites_a_knob_the_twin_reverted_meanwhile(soc: str, tmp_path:
     live.twin.advance(0.0)
     assert reverted, "nothing to revert: the governor never moved a knob"
     assert knobs(live.root) == before
+
+
+@pytest.mark.parametrize("soc", ["rk3588", "orin-nx"])
+def test_a_reverted_knob_is_rewritten_even_when_every_wait_overshoots(soc: str, tmp_path: Path) -> None:
+    """The flake of ``test_sigterm_restores_every_knob`` under load: the twin re-rendered a knob
+    from its old state just as the restore wrote it, and the restore's wait, bounded in time,
+    ran out (each sleep overshooting on a loaded host) before the eighth wait that used to
+    write it again. It is written again at the first wait that sees it off."""
+    live = Live(soc, tmp_path)
+    before = knobs(live.root)
+    gov = live.governor()
+
+    def loaded_sleep(s: float) -> None:  # a loaded host: each wait takes 0.3 s, not s
+        live.clock.t += 0.3
+        live.twin.advance(0.0)
+
+    reverted: list[str] = []
+    with gov:
+        live.drive(gov)
+        stale = knobs(live.root)
+        port = gov.engine.port
+        port._sleep = loaded_sleep  # type: ignore[attr-defined]
+        restore_domain = port._restore_domain  # type: ignore[attr-defined]
+
+        def racing_restore(d, kn):  # type: ignore[no-untyped-def]
+            restore_domain(d, kn)
+            if not reverted:
+                for k in kn:
+                    if stale.get(k) not in (None, before.get(k)):
+                        (live.root / k).write_bytes(stale[k])  # the twin's stale re-render
+                        live.twin.tree._written[live.root / k] = stale[k]  # (as the twin's own write)
+                        reverted.append(k)
+                        break
+
+        port._restore_domain = racing_restore  # type: ignore[attr-defined]
+    assert reverted, "nothing to revert: the governor never moved a knob"
+    live.twin.advance(0.0)
+    assert knobs(live.root) == before

@@ -222,7 +222,10 @@ def test_close_removes_its_files_then_the_lock_and_keeps_unrestored_knobs(board:
     sd.publish(STATE_FILE, {"pid": os.getpid(), "phase": "idle"})
     assert json.loads((root / RUN_DIR / SAVED_FILE).read_text())["locked"] is True
     assert sd.saved_owner_alive(sd.read().saved or {}) == (True, os.getpid())
+    stats = sd.statistics()
+    assert stats.locked and stats.published == (SAVED_FILE, STATE_FILE) and stats.writes == 2 and stats.locks == 1
     sd.close(restored=False)  # knobs not back: the saved file is the record of them
+    assert sd.statistics().published == (SAVED_FILE,) and not sd.statistics().locked
     assert sorted(p.name for p in (root / RUN_DIR).iterdir()) == [SAVED_FILE]
     assert not sd.locked
     sd.close(restored=True)  # once more, knobs back: it wrote the saved file, so now it goes

@@ -41,7 +41,9 @@ from ._knobs import expected_knobs, write_back
 from ._lock import LockState, RootLock, probe
 from ._state_walk import RUN_DIR, SAVED_FILE, STATE_FILE, RunDir
 
-__all__ = ["FORMAT", "Published", "RestoreOutcome", "StateDir", "decode_knobs", "encode_knobs", "pid_alive"]
+__all__ = [
+    "FORMAT", "Published", "RestoreOutcome", "StateDir", "StateDirStatistics", "decode_knobs", "encode_knobs", "pid_alive",
+]
 
 log = logging.getLogger("hetsched.governor")
 
@@ -154,6 +156,21 @@ class RestoreOutcome:
                 "written": list(self.written), "failed": dict(self.failed), "left": sorted(self.left)}
 
 
+@dataclass(frozen=True)
+class StateDirStatistics:
+    """What one :class:`StateDir` did (:meth:`StateDir.statistics`)."""
+
+    root: str
+    locked: bool
+    """Whether it holds the root's governor lock now."""
+    published: tuple[str, ...]
+    """Files it wrote and has not removed (never another governor's)."""
+    writes: int
+    reads: int
+    locks: int
+    """Times it took the lock."""
+
+
 class StateDir:
     """The one owner of ``<root>/run/hetsched`` (see the module docstring). Making one touches nothing.
 
@@ -166,9 +183,16 @@ class StateDir:
         self._run: RunDir | None = None
         self._lock: RootLock | None = None
         self._wrote: set[str] = set()
+        self._writes = 0
+        self._reads = 0
+        self._locks = 0
 
     def __repr__(self) -> str:
         return f"StateDir({str(self.fs.root)!r}, locked={self.locked})"
+
+    def statistics(self) -> StateDirStatistics:
+        return StateDirStatistics(str(self.fs.root), self.locked, tuple(sorted(self._wrote)), self._writes,
+                                  self._reads, self._locks)
 
     def _dir(self) -> RunDir:
         """The walk (made once). :raises PathOutsideRootError: ``run`` leads outside the root."""
@@ -193,6 +217,7 @@ class StateDir:
         """
         if self._lock is None or not self._lock.held:
             self._lock = RootLock.acquire(self.fs, self._dir())
+            self._locks += 1
 
     @property
     def locked(self) -> bool:
@@ -221,6 +246,7 @@ class StateDir:
         a link, FIFO or device at a file's name is an error for that file)."""
         docs: dict[str, Mapping[str, Any] | None] = {}
         errors: dict[str, str] = {}
+        self._reads += 1
         try:
             d: RunDir | None = self._dir()
         except PathOutsideRootError:
@@ -259,6 +285,7 @@ class StateDir:
         if name == SAVED_FILE and self.locked:
             payload = {**payload, "locked": True}
         d.write(name, payload)
+        self._writes += 1
         self._wrote.add(name)
         if name == SAVED_FILE:
             _OWNED.add(d.path)
@@ -340,47 +367,41 @@ class StateDir:
         """
         pub = self.read()
         doc = pub.saved
-        if _SAVED in pub.errors:
+        if doc is None and _SAVED in pub.errors:
             return RestoreOutcome("malformed", _SAVED, f"{_SAVED} under {self.fs.root} cannot be read: {pub.errors[_SAVED]}")
         if doc is None:
             return RestoreOutcome("nothing", _SAVED, f"nothing to restore under {self.fs.root} (no {_SAVED})")
         took = not force and alive is None and not self.locked and doc.get("locked") is True
-        refusal = self._claim(doc, alive, take_lock=took) if not force else None
-        if refusal is not None:
-            return refusal
+        refused = None if force else self._refusal(doc, alive, take_lock=took)
+        if refused is not None:
+            return refused
         try:
-            out = self._write_back(doc)
+            return self._write_back(doc)
         finally:
             if took:
                 self.unlock()
-        if took and out.status == "restored":
-            self._dir().remove_if_empty()  # the lock file kept it until now
-        return out
+                self._dir().remove_if_empty()  # the lock file kept it until now (a kept saved file still does)
 
-    def _claim(self, doc: Mapping[str, Any], alive: Callable[[int], bool] | None, *,
-               take_lock: bool) -> RestoreOutcome | None:
-        """None when the saved ``doc`` is a dead governor's (the lock taken when ``take_lock``),
-        else why it is refused."""
+    def _refusal(self, doc: Mapping[str, Any], alive: Callable[[int], bool] | None, *,
+                 take_lock: bool) -> RestoreOutcome | None:
+        """Why the saved ``doc`` is not to be restored (its governor runs), or None: a dead
+        governor's (with ``take_lock``, the lock is taken for the restore)."""
         pid = doc.get("pid") if isinstance(doc.get("pid"), int) else None
+        why = None
         if take_lock:
             try:
                 self.lock()
             except GovernorBusyError as exc:
-                holder = exc.pid if exc.pid is not None else pid
-                return RestoreOutcome("refused", _SAVED, f"the hetsched governor that saved {_SAVED} under "
-                                      f"{self.fs.root} still runs (pid {holder}: it holds the governor lock) and "
-                                      "restores the clocks itself; --force to restore anyway", holder)
+                pid = exc.pid if exc.pid is not None else pid
+                why = f"still runs (pid {pid}: it holds the governor lock) and restores the clocks itself"
             except SysfsError as exc:
-                return RestoreOutcome("refused", _SAVED, f"cannot take the governor lock to restore {_SAVED} under "
-                                      f"{self.fs.root}: {exc}; --force to restore anyway", pid)
-            return None
-        if alive is None and self.locked and doc.get("locked") is True:
-            return None  # written under the lock this holds: a dead governor's
-        live, pid = self.saved_owner_alive(doc, alive=alive)
-        if live:
-            return RestoreOutcome("refused", _SAVED, f"the hetsched governor that saved {_SAVED} under {self.fs.root} "
-                                  f"still runs (pid {pid}) and restores the clocks itself; --force to restore anyway", pid)
-        return None
+                why = f"cannot be told dead: the governor lock cannot be taken to restore it: {exc}"
+        elif alive is not None or not (self.locked and doc.get("locked") is True):  # else: under this lock
+            live, pid = self.saved_owner_alive(doc, alive=alive)
+            why = f"still runs (pid {pid}) and restores the clocks itself" if live else None
+        return None if why is None else RestoreOutcome(
+            "refused", _SAVED, f"the hetsched governor that saved {_SAVED} under {self.fs.root} {why}; "
+            "--force to restore anyway", pid)
 
     def _write_back(self, doc: Mapping[str, Any]) -> RestoreOutcome:
         """Write every knob of ``doc`` back, check each reads back as saved, remove the file when all do."""

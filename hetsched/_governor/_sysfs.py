@@ -307,10 +307,18 @@ class SysfsPort:
             raise SysfsError(errno.EIO, f"{len(failed)} clock knobs left changed: {text}") from (errs[0] if errs else None)
 
     def _await_restored(self, restored: list[tuple[_Domain, Knobs]], failed: Mapping[str, object]) -> None:
-        """Bounded wait until every restored knob reads back byte-identical (``restore_settle_s``);
-        a domain still off after a while is written again (a live twin that re-rendered a file
-        from its old state just as the restore landed)."""
-        expect = [(d, kn, {p: v for p, v in expected_knobs(kn, rendered=True).items() if p not in failed}) for d, kn in restored]
+        """Bounded wait until every restored knob reads back byte-identical (``restore_settle_s``).
+
+        A knob the restore itself writes that reads back otherwise after a wait was overwritten
+        meanwhile (a live twin re-rendering a file from the state it had before the writes, its
+        poll having read the file just before the restore wrote it): its domain is written again
+        at once, at every wait, and once more when the time is up. It used to be written again
+        only every eighth wait, which a loaded host (each sleep overshooting) never reached
+        before the deadline: the restore then ended with a knob left changed. Files the kernel
+        renders (a set-speed file) are only waited for.
+        """
+        expect = [(d, kn, {p: v for p, v in expected_knobs(kn, rendered=True).items() if p not in failed},
+                   {p: v for p, v in expected_knobs(kn).items() if p not in failed}) for d, kn in restored]
 
         def read(path: str) -> bytes | None:
             try:
@@ -318,24 +326,31 @@ class SysfsPort:
             except SysfsError:
                 return None
 
-        def off() -> list[tuple[_Domain, Knobs, dict[str, bytes]]]:
-            return [(d, kn, ex) for d, kn, ex in expect if any(read(k) != v for k, v in ex.items())]
+        def off() -> list[tuple[_Domain, Knobs, dict[str, bytes], dict[str, bytes]]]:
+            return [e for e in expect if any(read(k) != v for k, v in e[2].items())]
+
+        def rewrite(pending: list[tuple[_Domain, Knobs, dict[str, bytes], dict[str, bytes]]]) -> None:
+            for d, kn, _, written in pending:
+                if any(read(k) != v for k, v in written.items()):
+                    self._restore_domain(d, kn)
 
         pending = off()
         if not pending or self.restore_settle_s <= 0:
             return
         deadline = self._clock() + self.restore_settle_s
         step = self.restore_settle_s / 32
-        for i in range(64):  # bounded even if the injected clock does not move
+        for _ in range(64):  # bounded even if the injected clock does not move
             self._sleep(step)
             pending = off()
-            if not pending or self._clock() >= deadline:
+            if not pending:
+                return
+            rewrite(pending)
+            if self._clock() >= deadline:
                 break
-            if i % 8 == 7:
-                for d, kn, _ in pending:
-                    self._restore_domain(d, kn)
+        self._sleep(step)  # the last rewrite's chance to show
+        pending = off()
         if pending:
-            self._report_unsettled(pending, read)
+            self._report_unsettled([(d, kn, ex) for d, kn, ex, _ in pending], read)
 
     @staticmethod
     def _report_unsettled(pending: list[tuple[_Domain, Knobs, dict[str, bytes]]],
