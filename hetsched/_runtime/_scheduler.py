@@ -5,9 +5,7 @@ One :class:`Scheduler` serves the board: it owns the device workers and their he
 session is a :class:`~hetsched._runtime._tenants.Tenant` of it (``attach``/``detach`` while
 serving), with its own plans, admission limit, weight, default SLO and statistics. The order
 of the stages on a heap (priority class, aging, least slack or earliest deadline, flagged
-misses, weighted fair tags among tenants) is drawn in ``_tenants``' docstring; a session made
-the old way (``Scheduler(..., dispatch=...)``) is the default tenant, and the scheduler's
-session-facing methods act on it.
+misses, weighted fair tags among tenants) is drawn in ``_tenants``' docstring.
 
 How one request flows (its bookkeeping is done under the request's lock by whichever
 thread finishes something, so a chain of stages never goes back to the event loop)::
@@ -57,13 +55,11 @@ from .._events import HookDispatcher, Priority
 from ._buffers import BufferPool, TensorBuffer
 from ._clock import Clock, SystemClock
 from ._domains import Topology
-from ._failover import Failover
-from ._generation import Generation
 from ._loops import current_loop_adapter
 from ._program import Program, StageIO, StageRuntime, build_program
 from ._requests import MISSING, Admission, CompletionSink, PriorityAdmission, Request
 from ._stage_run import StageHost, StageRunner
-from ._tenants import DEFAULT_SLO, NEW_WAITER, Order, SchedulerStatistics, Tenant, TenantStatistics
+from ._tenants import Order, SchedulerStatistics, Tenant, TenantStatistics
 from ._transfer import TransferEngine
 from ._workers import DeviceWorkers, WorkerInfo
 
@@ -72,7 +68,6 @@ __all__ = ["Admission", "CompletionSink", "DeviceWorkers", "Order", "Program", "
            "TenantStatistics", "WorkerInfo", "build_program"]
 
 _MISSING = MISSING  # the name the session and the stream import
-_NEW = NEW_WAITER
 _NO_AGING = 1.0e9  # seconds: larger than any admission-time difference, so priority always wins
 _COALESCE_FROM = int(Priority.NORMAL)
 """Requests at least this patient (NORMAL, BACKGROUND) may have their wake-up coalesced."""
@@ -85,8 +80,7 @@ _DEFER_MIN_S = 0.0005
 class Scheduler:
     """Runs every tenant's requests through their compiled stages on the board's device workers.
 
-    Owned by a session (its default tenant) or by a runtime shared by several sessions
-    (:meth:`attach`); all of its public methods run on the event loop that was running when
+    Owned by the board's runtime; every session is a tenant of it (:meth:`attach`); all of its public methods run on the event loop that was running when
     it was made (it binds that loop's module of :mod:`._loops`), except those said to run on
     any thread. ``clock`` (default: the system's) is read for admission times, deadlines,
     coalescing deadlines and stage timings.
@@ -95,8 +89,6 @@ class Scheduler:
     :param aging_s: seconds of waiting worth one priority class (None: no aging).
     :param order: how requests with an SLO order within a class.
     :param max_in_flight: requests admitted at once across every tenant (None: no limit).
-    :param dispatch: given, a default tenant is attached with it (``costs``, ``learn_costs``),
-        and the session-facing methods (``set_stages``, ``new_request``, ...) act on it.
     :raises UnsupportedEventLoopError: the running event loop is neither asyncio nor trio.
     """
 
@@ -107,9 +99,6 @@ class Scheduler:
         topology: Topology,
         host: str,
         engine: TransferEngine | None,
-        dispatch: HookDispatcher | None = None,
-        costs: Any = None,
-        learn_costs: bool = False,
         priorities: bool = True,
         aging_s: float | None = 0.5,
         clock: Clock | None = None,
@@ -171,10 +160,6 @@ class Scheduler:
         self.wakeups_coalesced = 0
         self.bytes_to_caller = 0
         self.bytes_staged = 0
-        self.default: Tenant | None = None
-        """The tenant of a scheduler made for one session (``dispatch=`` given)."""
-        if dispatch is not None:
-            self.default = self.attach("default", dispatch=dispatch, costs=costs, learn_costs=learn_costs)
 
     # -- tenants -------------------------------------------------------------------------
 
@@ -248,79 +233,9 @@ class Scheduler:
             waiting=adm.waiting if adm is not None else 0, max_in_flight=adm.limit if adm is not None else None,
             queued_stages=self.queued(), order=self.order, priorities=self.priorities)
 
-    def _default(self) -> Tenant:
-        tenant = self.default
-        if tenant is None:
-            raise RuntimeStateError("this scheduler has no default tenant: use the tenant attach() returned")
-        return tenant
-
-    # -- the default tenant (a scheduler made for one session) ----------------------------
-
-    @property
-    def generation(self) -> Generation | None:
-        """The default tenant's current plan generation."""
-        return self.default.generation if self.default is not None else None
-
-    @property
-    def stages(self) -> list[StageRuntime]:
-        return self.default.stages if self.default is not None else []
-
-    @property
-    def failover(self) -> Failover | None:
-        return self.default.failover if self.default is not None else None
-
-    @failover.setter
-    def failover(self, value: Failover | None) -> None:
-        self._default().failover = value
-
-    @property
-    def _costs(self) -> Any:
-        """The default tenant's cost table (what the session's re-planning reads today)."""
-        return self.default.costs if self.default is not None else None
-
-    def set_stages(self, stages: list[StageRuntime], output_source: Mapping[str, int | None],
-                   on_drained: Callable[[Generation], None] | None = None) -> Generation:
-        """:meth:`Tenant.set_stages` of the default tenant."""
-        return self._default().set_stages(stages, output_source, on_drained)
-
-    def live_generations(self) -> list[Generation]:
-        """Every tenant's live plan generations."""
-        return [g for t in self._tenants for g in t.live_generations()]
-
-    def forget(self, gen: Generation) -> None:
-        for t in self._tenants:
-            t.forget(gen)
-
-    def restart(self, req: Request, counted: bool = False) -> None:
-        tenant = req.tenant
-        assert tenant is not None
-        tenant.restart(req, counted)
-
-    def fail_parked(self, parked: Sequence[tuple[Request, BaseException | None]]) -> None:
-        self._default().fail_parked(parked)
-
-    def flush_costs(self, stages: list[StageRuntime] | None = None) -> None:
-        """Fold the stage times not yet learned into the cost tables (every tenant's plan, or
-        ``stages`` of the default tenant)."""
-        if stages is not None:
-            self._default().flush_costs(stages)
-            return
-        for t in self._tenants:
-            t.flush_costs()
-
-    def program(self, wanted: Sequence[str], fed: Sequence[str]) -> Program:
-        """The default tenant's current program for requests asking ``wanted`` with inputs ``fed``."""
-        return self._default().program(wanted, fed)
-
-    def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
-                    copy_out: bool = True, waiter: Any = _NEW, slo_s: Any = DEFAULT_SLO) -> Request:
-        """A request of the default tenant admitted now (any thread; a stream's requests pass
-        ``waiter=None``)."""
-        return self._default().new_request(rid, priority, program, feeds, copy_out=copy_out, waiter=waiter,
-                                           slo_s=slo_s)
-
     def admission_key(self, priority: int) -> float:
-        """The heap key of a request without SLO of ``priority`` admitted now (any thread)."""
+        """The heap key of a request without SLO of ``priority`` admitted now, with a single
+        tenant (any thread; :meth:`Tenant.admit` keys a request in every case)."""
         return self._monotonic() + priority * self.step
 
     # -- counters kept by the stage runner ---------------------------------------------------
