@@ -57,16 +57,12 @@ PROBE = ProbeConfig()
 @dataclass(frozen=True)
 class ProbeResult:
     min_cosine: float
+    """Least cosine of an output against onnxruntime over the samples (NaN: no reference)."""
     outputs: int
     precision: str
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    x, y = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    nx, ny = float(np.linalg.norm(x)), float(np.linalg.norm(y))
-    if nx == 0.0 or ny == 0.0:
-        return 1.0 if nx == ny else 0.0
-    return float(np.dot(x, y) / (nx * ny))
+    max_rel_error: float = float("nan")
+    """Largest ``max|got - ref| / max|ref|`` of an output (:func:`hetsched._rknn.accuracy.rel_error`)."""
+    samples: int = 1
 
 
 def probe_inputs(specs: Sequence[tuple[np.dtype[Any], tuple[int, ...]]], seed: int = PROBE.seed) -> list[np.ndarray]:
@@ -76,40 +72,55 @@ def probe_inputs(specs: Sequence[tuple[np.dtype[Any], tuple[int, ...]]], seed: i
 
 def probe_stage(run: StageRunner, model_bytes: bytes, input_names: Sequence[str],
                 input_specs: Sequence[tuple[np.dtype[Any], tuple[int, ...]]], *, precision: str, device: str,
-                inputs: Sequence[np.ndarray] | None = None, config: ProbeConfig = PROBE) -> ProbeResult:
-    """Run the compiled stage once on ``inputs`` (default: seeded probe inputs of
-    ``input_specs``) and check it against onnxruntime on ``model_bytes`` (the stage model it was
-    compiled from, fp32): output count, shapes, cosine >= ``config.floor(precision)``.
+                inputs: Sequence[np.ndarray] | None = None, samples: Sequence[Sequence[np.ndarray]] | None = None,
+                require_reference: bool = False, config: ProbeConfig = PROBE) -> ProbeResult:
+    """Run the compiled stage on ``samples`` (default: ``[inputs]``, else one sample of seeded
+    probe inputs of ``input_specs``) and check it against onnxruntime on ``model_bytes`` (the
+    stage model it was compiled from, fp32): output count, shapes, cosine >=
+    ``config.floor(precision)`` for every output of every sample.
 
     :raises CompileError: ``"{device}: the compiled stage failed its probe run: ..."`` with the
         run's error (a vendor toolkit's message) or the mismatch. onnxruntime failing to run the
         stage model is no verdict on the accelerator: the count and shapes are then unchecked
-        and the result has ``min_cosine`` NaN.
+        and the result has ``min_cosine`` NaN, unless ``require_reference`` (a converter that can
+        be silently wrong, pnnx: then it is a refusal too).
     """
     from hetsched._onnxruntime import ort_session
+    from hetsched._rknn.accuracy import cosine, rel_error
 
-    feeds = list(inputs) if inputs is not None else probe_inputs(input_specs, config.seed)
+    if samples is None:
+        samples = [list(inputs) if inputs is not None else probe_inputs(input_specs, config.seed)]
     prefix = f"{device}: the compiled stage failed its probe run"
     try:
-        got = [np.asarray(o) for o in run(feeds)]
-    except Exception as exc:  # the toolkit's / engine's own error: its words go into the refusal
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        raise CompileError(f"{prefix}: {type(cause).__name__}: {cause}") from exc
-    try:
         sess = ort_session(model_bytes, providers=["CPUExecutionProvider"])
-        want = [np.asarray(o) for o in sess.run(None, dict(zip(input_names, feeds, strict=True)))]
-    except Exception:  # onnxruntime cannot run the stage alone: nothing to compare with
-        return ProbeResult(float("nan"), len(got), precision)
-    if len(got) != len(want):
-        raise CompileError(f"{prefix}: it returned {len(got)} output(s), onnxruntime {len(want)}")
-    worst = 1.0
+    except Exception as exc:  # onnxruntime cannot load the stage alone: nothing to compare with
+        sess, no_reference = None, exc
+    worst, max_rel, outputs = 1.0, 0.0, 0
     floor = config.floor(precision)
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        if g.shape != w.shape:
-            raise CompileError(f"{prefix}: output {k} has shape {list(g.shape)}, onnxruntime's {list(w.shape)}")
-        c = _cosine(g, w)
-        worst = min(worst, c)
-        if not c >= floor:
-            raise CompileError(f"{prefix}: output {k} has cosine {c:.4f} against onnxruntime, below the "
-                               f"{precision} floor {floor}")
-    return ProbeResult(worst, len(got), precision)
+    for feeds in samples:
+        try:
+            got = [np.asarray(o) for o in run(list(feeds))]
+        except Exception as exc:  # the toolkit's / engine's own error: its words go into the refusal
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise CompileError(f"{prefix}: {type(cause).__name__}: {cause}") from exc
+        outputs = len(got)
+        try:
+            if sess is None:
+                raise no_reference
+            want = [np.asarray(o) for o in sess.run(None, dict(zip(input_names, feeds, strict=True)))]
+        except Exception as exc:  # onnxruntime cannot run the stage alone: nothing to compare with
+            if require_reference:
+                raise CompileError(f"{prefix}: no onnxruntime reference to check it against: {exc}") from exc
+            return ProbeResult(float("nan"), outputs, precision, float("nan"), len(samples))
+        if len(got) != len(want):
+            raise CompileError(f"{prefix}: it returned {len(got)} output(s), onnxruntime {len(want)}")
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            if g.shape != w.shape:
+                raise CompileError(f"{prefix}: output {k} has shape {list(g.shape)}, onnxruntime's {list(w.shape)}")
+            c = cosine(g, w)
+            worst = min(worst, c)
+            max_rel = max(max_rel, rel_error(g, w))
+            if not c >= floor:
+                raise CompileError(f"{prefix}: output {k} disagrees with onnxruntime: cosine {c:.6f}, below the "
+                                   f"{precision} floor {floor} (max relative error {rel_error(g, w):.3g})")
+    return ProbeResult(worst, outputs, precision, max_rel, len(samples))

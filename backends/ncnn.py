@@ -6,8 +6,9 @@ so (:func:`~hetsched.backends._ncnn_convert.silent_failure`: batch other than 1,
 tensors, AveragePool with asymmetric pads, Softmax at opset < 13 on rank > 2), looks the stage up
 in the content-verified cache (:mod:`hetsched.backends._ncnn_cache`), converts it with pnnx where
 the cache has nothing, loads it into an ``ncnn.Net`` with Vulkan compute on the device's Vulkan
-device, and **probes** it: the stage runs once on seeded random inputs and is compared with fp32
-onnxruntime; below :data:`~hetsched.backends._ncnn_convert.COSINE_FLOOR` (per precision) it is
+device, and **probes** it through the contract every accelerator stage goes through
+(:func:`backends._probe.probe_stage`): the stage runs on seeded random inputs and is compared with fp32
+onnxruntime (output count, shapes, cosine); below :data:`~hetsched.backends._ncnn_convert.COSINE_FLOOR` (per precision) it is
 refused with the figures, as pnnx's and ncnn's own failures are (pnnx's last lines, the layers it
 left unconverted). Refusals are cached too; the session's planner then re-plans without the
 refused units (capabilities by trying, as for the NPU).
@@ -40,8 +41,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from hetsched._errors import BackendUnavailableError, CompileError, DeviceSpecError, ModelError, StageExecutionError
-from hetsched._rknn.accuracy import StageAccuracy, measure_accuracy, random_samples
+from hetsched._errors import BackendUnavailableError, CompileError, DeviceSpecError, StageExecutionError
+from hetsched._rknn.accuracy import StageAccuracy, random_samples
 from hetsched._rknn.prepare import io_specs, prepare_stage
 
 from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec
@@ -57,9 +58,11 @@ from ._ncnn_convert import (
     versions,
     vulkan_devices,
 )
+from ._probe import ProbeConfig, probe_stage
 from .sim import SimStage
 
 __all__ = [
+    "NCNN_PROBE",
     "PROBE_SAMPLES",
     "NcnnBackend",
     "NcnnBackendStatistics",
@@ -72,6 +75,12 @@ __all__ = [
 
 PROBE_SAMPLES = 2
 """Seeded random samples each converted stage runs at compile time against onnxruntime."""
+
+_PROBE_PRECISION = {"fp32": "float32", "fp16": "float16"}
+NCNN_PROBE = ProbeConfig(min_cosine={_PROBE_PRECISION[k]: v for k, v in COSINE_FLOOR.items()})
+"""The probe contract's floors for ncnn stages: :data:`~hetsched.backends._ncnn_convert.COSINE_FLOOR`
+(stricter than the NPU's: ncnn computes in the precision asked for, pnnx's silent mistakes are
+what the probe must catch)."""
 
 _PRECISIONS = ("fp32", "fp16")
 _FP16_OPTS = ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage", "use_bf16_packed")
@@ -338,15 +347,13 @@ class NcnnBackend:
         stage = NcnnStage(name, device, net, ncnn, specs, weights=entry.bin, cached=cached, key=key,
                           precision=precision, vulkan=vk)
         try:
-            stage.accuracy = self._probe(stage, data, entry, vk)
-            floor = COSINE_FLOOR[precision]
-            if stage.accuracy.min_cosine < floor:
-                msg = (f"the converted stage disagrees with onnxruntime on {vk.name}: cosine "
-                       f"{stage.accuracy.min_cosine:.6f} < {floor} ({precision}), max relative error "
-                       f"{stage.accuracy.max_rel_error:.3g}")
+            try:
+                stage.accuracy = self._probe(stage, data, entry, vk)
+            except CompileError as exc:
+                msg = str(exc).removeprefix(f"{device.name}: ")
                 if not cached:
                     cache.store(key, NcnnEntry(False, msg, entry.seconds))
-                raise self._refuse(device, msg)
+                raise self._refuse(device, msg) from exc
             if not cached or entry.accuracy is None:
                 cache.store(key, NcnnEntry(True, entry.message, entry.seconds, entry.param, entry.bin,
                                            {**stage.accuracy.to_json(), "source": stage.accuracy.source,
@@ -396,11 +403,13 @@ class NcnnBackend:
         return net
 
     def _probe(self, stage: NcnnStage, data: bytes, entry: NcnnEntry, vk: VulkanInfo) -> StageAccuracy:
-        """The stage vs fp32 onnxruntime on seeded random inputs (the cached figures when measured on
-        this Vulkan device).
+        """The stage proves itself (:func:`backends._probe.probe_stage`, the contract every
+        accelerator stage goes through): :data:`PROBE_SAMPLES` seeded random samples against fp32
+        onnxruntime at ncnn's floors (:data:`NCNN_PROBE`); onnxruntime must run the stage (pnnx
+        can convert wrongly without an error, so no reference is no verdict). The cached figures
+        stand when they were measured on this Vulkan device (the cache entry is content-verified).
 
-        :raises CompileError: onnxruntime cannot run the stage (nothing to check ncnn against), or
-            ncnn failed to run it.
+        :raises CompileError: ncnn failed to run it, it disagreed, or there is no reference.
         """
         acc = entry.accuracy
         if acc is not None and acc.get("vulkan_device") == vk.name:
@@ -410,18 +419,11 @@ class NcnnBackend:
         with self._lock:
             self._probes += 1
         in_specs = [spec for _n, spec in stage.io_specs()[: len(stage.input_names)]]
-        samples = random_samples(in_specs, PROBE_SAMPLES)
-
-        def run(sample: Sequence[np.ndarray]) -> list[np.ndarray]:
-            return stage.run(dict(zip(stage.input_names, sample, strict=True)))
-
-        try:
-            return measure_accuracy(data, stage.input_names, samples, run, source="random")
-        except ModelError as exc:
-            raise self._refuse(stage.device, f"no onnxruntime reference to check the conversion against: "
-                                             f"{exc}") from exc
-        except StageExecutionError as exc:
-            raise self._refuse(stage.device, f"the converted stage failed its first run: {exc.__cause__ or exc}") from exc
+        names = list(stage.input_names)
+        res = probe_stage(lambda xs: stage.run(dict(zip(names, xs, strict=True))), data, names, in_specs,
+                          precision=_PROBE_PRECISION[stage.precision], device=stage.device.name,
+                          samples=random_samples(in_specs, PROBE_SAMPLES), require_reference=True, config=NCNN_PROBE)
+        return StageAccuracy(res.min_cosine, res.max_rel_error, res.samples, "random")
 
 
 backend_class = NcnnBackend

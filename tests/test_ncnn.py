@@ -286,3 +286,34 @@ def test_without_ncnn_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(BackendUnavailableError, match=r"hetsched\[ncnn\]"):
         import_ncnn()
     assert "hetsched[ncnn]" in (ncnn_unavailable_reason() or "")
+
+
+def test_an_ncnn_stage_goes_through_the_probe_contract_and_a_wrong_count_is_a_cached_refusal(
+        cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """ncnn's compile-time check is ``backends._probe.probe_stage`` (one contract for every
+    accelerator): an ncnn run that returns an extra output is refused with the contract's words
+    and cached as a refusal (the old private check zipped the outputs strictly and raised a bare
+    ValueError out of compile)."""
+    from hetsched.backends import _probe
+
+    calls: list[str] = []
+    real = _probe.probe_stage
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs["precision"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("hetsched.backends.ncnn.probe_stage", spy)
+    good = NcnnBackend().compile(_two_in_two_out(), _dev(cache), name="ok")
+    good.close()
+    assert calls == ["float32"]
+    real_run = NcnnStage.run
+    monkeypatch.setattr(NcnnStage, "run", lambda self, feeds, state=None: [*real_run(self, feeds), np.zeros(2)])
+    backend = NcnnBackend()
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])],
+                   [helper.make_tensor_value_info("y", F, [1, 4, 8, 8])])
+    with pytest.raises(CompileError, match="failed its probe run: it returned 2 output"):
+        backend.compile(model, _dev(cache), name="extra")
+    with pytest.raises(CompileError, match="failed its probe run: it returned 2 output"):
+        backend.compile(model, _dev(cache), name="extra")
+    assert backend.statistics().cache.refusals_cached == 1

@@ -21,8 +21,7 @@ from hetsched import BackendUnavailableError, CompileError, Session, resolve_dev
 from hetsched._planning.fold import shape_boundaries
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model, with_input_shapes
-from hetsched._planning.partition import extract_stage
-from hetsched._planning.plan import build_plan
+from hetsched._planning.partition import StageSpec, extract_stage
 from hetsched.backends._probe import PROBE, probe_stage
 from hetsched.testing import build_board_tree
 
@@ -63,6 +62,41 @@ def test_a_stage_that_fails_to_run_is_refused_with_the_toolkits_words() -> None:
     model = conv_net()
     with pytest.raises(CompileError, match="inference failed: output count mismatch"):
         probe_stage(run, model.SerializeToString(), ["x"], SPECS, precision="int8", device="npu")
+
+
+def test_the_probe_runs_every_sample_and_reports_the_shared_cosine_and_relative_error() -> None:
+    """One contract for RKNN, ncnn and TensorRT: several samples, the worst cosine and the largest
+    relative error over them, computed by the one ``cosine`` / ``rel_error`` (hetsched._rknn.accuracy)."""
+    from hetsched._rknn.accuracy import cosine, rel_error
+
+    model = conv_net()
+    ref = _reference(model)
+    rng = np.random.default_rng(5)
+    samples = [[rng.standard_normal((1, 3, 32, 32)).astype(np.float32)] for _ in range(3)]
+    seen: list[np.ndarray] = []
+
+    def run(xs):  # type: ignore[no-untyped-def]
+        seen.append(xs[0])
+        (out,) = ref(xs)
+        return [out + 0.01 * (len(seen))]  # a small error growing with each sample
+
+    res = probe_stage(run, model.SerializeToString(), ["x"], SPECS, precision="float16", device="npu",
+                      samples=samples)
+    assert res.samples == 3 and len(seen) == 3
+    wants = [ref(s)[0] for s in samples]
+    gots = [w + 0.01 * (k + 1) for k, w in enumerate(wants)]
+    assert res.min_cosine == min(cosine(g, w) for g, w in zip(gots, wants, strict=True))
+    assert res.max_rel_error == max(rel_error(g, w) for g, w in zip(gots, wants, strict=True)) > 0
+
+
+def test_no_reference_is_a_refusal_only_where_the_backend_asks() -> None:
+    model = conv_net()
+    broken = model.SerializeToString()[:-7]  # onnxruntime cannot load it
+    res = probe_stage(_reference(model), broken, ["x"], SPECS, precision="float16", device="npu")
+    assert res.min_cosine != res.min_cosine  # NaN: nothing to compare with, no verdict
+    with pytest.raises(CompileError, match="no onnxruntime reference"):
+        probe_stage(_reference(model), broken, ["x"], SPECS, precision="float16", device="gpu",
+                    require_reference=True)
 
 
 def test_the_floors_live_in_one_config() -> None:
@@ -119,9 +153,15 @@ def test_a_stage_the_toolkit_cannot_run_is_refused_at_compile_time_and_cached(
     index = GraphIndex(with_input_shapes(load_model(yolov8_style()), {"images": (1, 3, 64, 64)}))
     (npu,) = resolve_devices(["npu"], root=twin_root)
     npu = dataclasses.replace(npu, options={**npu.options, "workers": 1})
-    plan = build_plan(index, [npu, *resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0])])
-    (stage,) = [s for s in plan.stages if s.device == "npu"]
-    assert shape_boundaries(index, [stage], plan.graph_outputs)
+    # the planner now computes shape arithmetic inside each stage, so the leaking stage is built by
+    # hand: the whole graph on the NPU, handing on its 0-d and int64 shape values besides output0
+    whole = StageSpec(id=0, name="stage0", device="npu", nodes=tuple(range(len(index.nodes))), units=(),
+                      inputs=("images",), outputs=("output0",), deps=())
+    leaks = [b.value for b in shape_boundaries(index, [dataclasses.replace(
+        whole, outputs=tuple(o for n in index.nodes for o in n.outputs))], ["output0"])]
+    assert leaks
+    stage = dataclasses.replace(whole, outputs=("output0", *leaks[:4]))
+    assert shape_boundaries(index, [stage], ["output0"])
     backend = RknnBackend()
     with pytest.raises(CompileError, match="npu: the compiled stage failed its probe run") as first:
         backend.compile(extract_stage(index, stage), npu, name="stage0").close()

@@ -19,7 +19,8 @@ from hetsched._onnxruntime import ort_session
 
 from .._errors import ModelError
 
-__all__ = ["RANDOM_SAMPLES", "StageAccuracy", "compile_time_accuracy", "cosine", "measure_accuracy", "random_samples", "stage_accuracy"]
+__all__ = ["RANDOM_SAMPLES", "StageAccuracy", "compile_time_accuracy", "cosine", "measure_accuracy", "random_samples",
+           "rel_error", "stage_accuracy"]
 
 RANDOM_SAMPLES = 4
 """Seeded random samples when no calibration feeds exist."""
@@ -58,7 +59,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(x, y) / (nx * ny))
 
 
-def _rel_error(got: np.ndarray, ref: np.ndarray) -> float:
+def rel_error(got: np.ndarray, ref: np.ndarray) -> float:
     g, r = np.asarray(got, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     if not r.size:
         return 0.0
@@ -93,7 +94,7 @@ def measure_accuracy(model_bytes: bytes, input_names: Sequence[str], samples: Se
         refs = sess.run(None, dict(zip(input_names, sample, strict=True)))
         for got, ref in zip(run(sample), refs, strict=True):
             min_cos = min(min_cos, cosine(got, ref))
-            max_rel = max(max_rel, _rel_error(got, ref))
+            max_rel = max(max_rel, rel_error(got, ref))
     return StageAccuracy(min_cos, max_rel, len(samples), source)
 
 
