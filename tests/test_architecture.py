@@ -34,9 +34,9 @@ TIERS: tuple[frozenset[str], ...] = tuple(frozenset(t) for t in (
     {"_events"},                                          #    events, priorities, hooks
     {"_platform", "_memory"},                             # 1. board files; memory shared below the runtime
     {"backends", "policies", "_twin"},                    # 2. the backend seam, placement policies, the SoC twin
-    {"_planning", "_rknn"},                               # 3. planning; Rockchip's toolkit in its own process
+    {"_planning", "_rknn", "_runtime"},                   # 3. planning; Rockchip's toolkit; executing plans
     {"backends.impl"},                                    # 4. the backends
-    {"_runtime", "_estimators"},                          # 5. executing plans; where the real board meets the twin
+    {"_estimators"},                                      # 5. where the real board meets the twin
     {"_devices", "_governor"},                            # 6. device resolution; the DVFS governor
     {"_session"},                                         # 7. sessions
     {"testing", "onnx_backend", "train"},                 # 8. front ends: test helpers, the ONNX backend, training hooks
