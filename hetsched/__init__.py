@@ -99,11 +99,11 @@ if _typing.TYPE_CHECKING:
 
     # Planning: models, devices, costs and the partition of a model into stages.
     # isort: split
-    from ._planning.costs import CostTable as CostTable
-    from ._planning.costs import CostTableStatistics as CostTableStatistics
     from ._devices.resolve import CpuCluster as CpuCluster
     from ._devices.resolve import discover_cpu_clusters as discover_cpu_clusters
     from ._devices.resolve import resolve_devices as resolve_devices
+    from ._planning.costs import CostTable as CostTable
+    from ._planning.costs import CostTableStatistics as CostTableStatistics
     from ._planning.model import load_model as load_model
     from ._planning.partition import StageSpec as StageSpec
     from ._planning.plan import Plan as Plan
@@ -126,6 +126,7 @@ if _typing.TYPE_CHECKING:
     from ._runtime import StageIO as StageIO
     from ._runtime import TransferInfo as TransferInfo
     from ._runtime._failover import FailoverStatistics as FailoverStatistics
+    from ._runtime._tenants import Order as Order
     from ._session._delivery import Outputs as Outputs
     from ._session._options import Adaptation as Adaptation
     from ._session._options import Memory as Memory
@@ -212,6 +213,7 @@ _LAZY: dict[str, str] = {
     "Hooks": "._events",
     "Priority": "._events",
     "ReplanInfo": "._events",
+    "Order": "._runtime._tenants",
     "Adaptation": "._session._options",
     "Memory": "._session._options",
     "Scheduling": "._session._options",
@@ -307,6 +309,7 @@ __all__ = (
     "ModelNotFoundError",
     "NotRegularFileError",
     "OperatingPoint",
+    "Order",
     "Outputs",
     "PartitionError",
     "PathOutsideRootError",

@@ -8,6 +8,7 @@ the clocks when the runtime closes with sessions still attached; the option obje
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,9 @@ def test_option_objects_validate_where_they_are_written() -> None:
         Scheduling(aging_s=0)
     with pytest.raises(ValueError, match="priorities"):
         Scheduling(priorities=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Order"):
+        Scheduling(order="edf")  # type: ignore[arg-type]
+    assert Scheduling(order=hetsched.Order.EARLIEST_DEADLINE).order is hetsched.Order.EARLIEST_DEADLINE
     with pytest.raises(ValueError, match="chunk_bytes"):
         Memory(chunk_bytes=0)
     with pytest.raises(ValueError, match="pool_capacity_bytes"):
@@ -325,3 +329,66 @@ async def test_a_replan_under_way_is_abandoned_when_the_session_closes(anyio_bac
         # only the compiles already under way when the session closed ran (at most one per core)
         assert 0 < len(held) < slow_stages
         assert s.statistics().replanning.replans == 0
+
+
+async def test_a_session_is_placed_knowing_the_load_the_others_put_on_the_board(anyio_backend: str) -> None:
+    """Joint placement: the runtime hands a new session's policy the other sessions' busy shares
+    (``PlacementProblem.reservations``): a device another session keeps busy costs more."""
+    from hetsched._runtime._clock import VirtualClock
+    from hetsched.backends import StageHooks
+    from hetsched.testing import FakeBackend, FakeStage, fake_device
+
+    @dataclasses.dataclass(frozen=True)
+    class _Figures:
+        modelled_time_s: float
+        modelled_energy_j: float
+
+    class _Timed(FakeStage):
+        """A stage that models its own run time (as a twin stage does): 10 ms a run."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.hooks = StageHooks(modelled=self)
+            self.runs = 0
+
+        def run(self, feeds: Any, **kw: Any) -> Any:
+            self.runs += 1
+            return super().run(feeds, **kw)
+
+        def last_run_seconds(self) -> float:
+            return 0.01
+
+        def last_run_energy_j(self) -> float:
+            return 0.0
+
+        def statistics(self) -> _Figures:
+            return _Figures(0.01 * self.runs, 0.0)
+
+    class _TimedBackend(FakeBackend):
+        def compile(self, model: onnx.ModelProto, device: hetsched.Device, *, name: str) -> Any:
+            super().compile(model, device, name=name)
+            return _Timed(self, model, device, name)
+
+    seen: list[tuple[Any, ...]] = []
+
+    def spy(problem: hetsched.PlacementProblem) -> hetsched.Placement:
+        seen.append(problem.reservations)
+        return hetsched.policies.get_policy("heft").place(problem)
+
+    clock = VirtualClock()
+    with _TimedBackend("fake-timed"):
+        fast = fake_device("fast", backend="fake-timed", peak_flops=4e10)
+        slow = fake_device("slow", backend="fake-timed", peak_flops=1e10)
+        async with Runtime(devices=[fast, slow], clock=clock) as rt:
+            async with Session(_chain(), runtime=rt, devices=["fast"], name="busy") as busy:
+                for _ in range(20):
+                    await busy.run({"x": np.ones(16, np.float32)})
+                clock.advance(0.2)  # 20 runs x 10 ms of device time in 0.2 s: "fast" is taken
+                (res,) = rt.reservations(except_session="other")
+                assert res.session == "busy" and res.busy_share == {"fast": pytest.approx(1.0)}
+                async with Session(_chain(), runtime=rt, policy=spy, name="other") as other:
+                    assert [r.session for r in seen[-1]] == ["busy"]
+                    assert {st.device for st in other.plan.stages} == {"slow"}
+            # alone on the board, the same model goes to the fast device
+            async with Session(_chain(), runtime=rt, policy="heft", name="alone") as alone:
+                assert {st.device for st in alone.plan.stages} == {"fast"}

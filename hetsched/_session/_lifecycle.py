@@ -93,6 +93,8 @@ class Lifecycle:
         self.trace = trace
         self._energy = energy
         power_budget = adaptation.power_budget_w
+        if governor is None and runtime is not None:
+            governor = runtime.governor  # the board's
         if power_budget is None and governor is not None:
             # the governor's budget is the board's: the policy's power headroom is measured against it
             power_budget = getattr(getattr(governor, "config", None), "power_budget_w", None)
@@ -272,9 +274,11 @@ class Lifecycle:
 
     def sample_states(self) -> Mapping[str, DeviceState] | None:
         """One sample of the board's device states (blocking; see :class:`BoardSampler`)."""
+        runtime = self.runtime
+        if runtime is not None:  # the board's one telemetry reader
+            return runtime.sample_states(self.devices, power_budget_w=self._power_budget)
         if self._sampler is None:
-            self._sampler = BoardSampler(self.root if self.runtime is None else self.runtime.root,
-                                         power_budget_w=self._power_budget)
+            self._sampler = BoardSampler(self.root, power_budget_w=self._power_budget)
         return self._sampler.sample(self.devices)
 
     def plan_and_compile(self, excluded: Sequence[str], sampled: Mapping[str, DeviceState],

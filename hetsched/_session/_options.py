@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from .._runtime._tenants import Order
 from ._replan import Replanning
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ class Scheduling:
 
     Each device runs the most urgent ready stage next: by priority class first, a waiting
     request gaining one class per ``aging_s`` seconds (so BACKGROUND never starves), then,
-    within a class, requests with an SLO by their deadline (see ``hetsched/_runtime/_scheduler.py``).
+    within a class, requests with an SLO by their deadline (``order``), requests without one by
+    admission, shared among sessions by their weights (see ``hetsched/_runtime/_tenants.py``).
     """
 
     priorities: bool = True
@@ -57,6 +59,9 @@ class Scheduling:
     aging_s: float | None = 0.5
     """Seconds of waiting worth one priority level (a BACKGROUND request that waited
     ``3 * aging_s`` longer than a REALTIME one goes first); None: no aging."""
+    order: Order = Order.LEAST_SLACK
+    """How requests with an SLO order within a priority class: least slack first (Band's LSF:
+    the deadline less the estimated time still to run) or earliest deadline first."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.priorities, bool):
@@ -64,6 +69,8 @@ class Scheduling:
         if self.aging_s is not None and not (isinstance(self.aging_s, (int, float)) and math.isfinite(self.aging_s)
                                              and self.aging_s > 0):
             raise ValueError(f"Scheduling.aging_s must be a positive number of seconds or None, got {self.aging_s!r}")
+        if not isinstance(self.order, Order):
+            raise TypeError(f"Scheduling.order must be a hetsched.Order, got {self.order!r}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ cancellation):
   session's requests, ordered by priority class, then deadline (``hetsched/_runtime/_tenants.py``);
 * the memory domains' **pools** and the **transfer engine** between them;
 * the runtime-wide admission limit (``max_in_flight``), besides each session's own;
+* the board's **telemetry** (one reader, :meth:`Runtime.sample_states`, for every session's
+  re-planning) and the sessions' load as plain data for **joint placement**
+  (:meth:`Runtime.reservations`: a session is planned knowing the others' busy shares;
+  :meth:`Runtime.replace` re-places every attached session);
 * an optional **governor**: one for the board, driven by the phases of every attached session
   (one :class:`~hetsched.GovernorHooks` counts all their requests and stages), and restored when
   the runtime closes, with sessions still attached or not.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
@@ -54,9 +59,10 @@ from .._runtime._scheduler import Scheduler
 from .._runtime._transfer import TransferEngine, TransferStatistics
 from ._options import Memory, Scheduling
 from ._setup import TransferEvents, make_topology
+from ._statistics import BoardSampler
 
 if TYPE_CHECKING:
-    from hetsched.policies import Reservation
+    from hetsched.policies import DeviceState, Reservation
 
     from .._runtime._tenants import SchedulerStatistics, Tenant, TenantStatistics
     from ._governed import GovernorHooks
@@ -186,7 +192,8 @@ class Runtime:
         self._open = False
         self._closing = False
         self._retired_runs = 0
-        self._leak: BufferLeakError | None = None
+        self._sampler: BoardSampler | None = None
+        self._sampler_lock = threading.Lock()
 
     @classmethod
     def _private(cls, *, devices: Sequence[str | Device] | str | None, root: str | os.PathLike[str],
@@ -242,6 +249,16 @@ class Runtime:
     def sessions(self) -> tuple[str, ...]:
         """The names of the sessions attached now."""
         return tuple(a.name for a in self._attached)
+
+    def sample_states(self, devices: Sequence[Device], *, power_budget_w: float | None = None,
+                      ) -> Mapping[str, DeviceState] | None:
+        """One telemetry sample of the board (blocking; any thread, one at a time): the state of
+        each of ``devices`` for a session's policy, or None where the root has no telemetry. One
+        reader for every session, so CPU loads and integrated energy span all their samples."""
+        with self._sampler_lock:
+            if self._sampler is None:
+                self._sampler = BoardSampler(self.root)
+            return self._sampler.sample(devices, power_budget_w=power_budget_w)
 
     # -- attaching ----------------------------------------------------------------------------
 
@@ -337,7 +354,7 @@ class Runtime:
             self._scheduler = Scheduler(
                 pools=self._pools, topology=self._topology, host=self.host, engine=self._engine,
                 priorities=self.scheduling.priorities, aging_s=self.scheduling.aging_s, clock=self.clock,
-                max_in_flight=self._max_in_flight)
+                order=self.scheduling.order, max_in_flight=self._max_in_flight)
             if self._owns_governor:
                 await self.governor.__aenter__()
                 governor_entered = True

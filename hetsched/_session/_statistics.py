@@ -142,9 +142,11 @@ class BoardSampler:
         self.power_budget_w = power_budget_w
         self._telemetry: Any = None
 
-    def sample(self, devices: Sequence[Device]) -> Mapping[str, DeviceState] | None:
+    def sample(self, devices: Sequence[Device], *, power_budget_w: float | None = None,
+               ) -> Mapping[str, DeviceState] | None:
         """The states of ``devices`` now, or None where the root has no telemetry (no thermal
-        zone, no clock domain: a host like a CI machine) or could not be read."""
+        zone, no clock domain: a host like a CI machine) or could not be read. ``power_budget_w``
+        (default: the sampler's) is what the power headroom is measured against."""
         from .._planning.states import device_states
 
         try:
@@ -160,4 +162,5 @@ class BoardSampler:
             return None  # an unreadable board: planning goes on with default states
         if not snap.zones and not snap.domains:
             return None
-        return device_states(snap, devices, power_budget_w=self.power_budget_w)
+        budget = power_budget_w if power_budget_w is not None else self.power_budget_w
+        return device_states(snap, devices, power_budget_w=budget)
