@@ -134,7 +134,7 @@ class KernelGovernors(Policy):
             want = self.cpu if info.kind == "cpu" else self.dev
             try:
                 board.set_governor(name, want)
-            except Exception:  # noqa: BLE001 - a governor the domain does not offer: keep the board's
+            except Exception:
                 if want in ("performance", "powersave"):
                     hz = info.available_hz[-1] if want == "performance" else board.limits(name)[0]
                     board.set_frequency(name, hz)

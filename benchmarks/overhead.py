@@ -49,7 +49,7 @@ from hetsched.lowlevel import GraphIndex, extract_stage
 from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _light import cheapest_cuts, folded, random_feeds  # noqa: E402
+from _light import cheapest_cuts, folded, random_feeds
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

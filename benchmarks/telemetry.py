@@ -42,7 +42,7 @@ def bench_sample(soc: str, samples: int) -> dict[str, Any]:
             tm.sample_once()
             times.append(time.perf_counter_ns() - t0)
         snap = tm.latest()
-        reads_per_sample = tm._fs.statistics().reads / tm.statistics().samples  # noqa: SLF001 - benchmark detail
+        reads_per_sample = tm._fs.statistics().reads / tm.statistics().samples
     return {
         "soc": soc,
         "median_us": statistics.median(times) / 1000.0,

@@ -41,7 +41,7 @@ from hetsched import Device, EventInfo, Hooks, Session
 from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _light import folded, random_feeds  # noqa: E402
+from _light import folded, random_feeds
 
 
 class Trace(Hooks):

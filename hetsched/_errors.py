@@ -57,11 +57,11 @@ __all__ = [
     "CompileError",
     "DeviceFailedError",
     "DeviceSpecError",
+    "FreeDimsError",
     "FrequencyLockError",
     "GovernorBusyError",
     "GovernorError",
     "HetschedError",
-    "FreeDimsError",
     "InputError",
     "InvalidModelError",
     "ModelError",
@@ -83,8 +83,8 @@ __all__ = [
     "TransferError",
     "TwinError",
     "UnknownSocError",
-    "UnsupportedFrequencyError",
     "UnsupportedEventLoopError",
+    "UnsupportedFrequencyError",
     "UnsupportedGovernorError",
 ]
 

@@ -24,7 +24,7 @@ def test_a_saved_table_loads_back(tmp_path: Path) -> None:
 
 def test_a_directory_is_refused_as_not_a_regular_file(tmp_path: Path) -> None:
     (tmp_path / "costs.json").mkdir()
-    with pytest.raises(ProfileError, match="costs.json") as info:
+    with pytest.raises(ProfileError, match=r"costs\.json") as info:
         CostTable.load(tmp_path / "costs.json")
     assert isinstance(info.value.__cause__, NotRegularFileError)
 
@@ -34,7 +34,7 @@ def test_a_fifo_is_refused_before_it_is_read(tmp_path: Path) -> None:
     # A plain read_text() blocks forever on a FIFO nobody writes to.
     fifo = tmp_path / "costs.json"
     os.mkfifo(fifo)
-    with pytest.raises(ProfileError, match="costs.json") as info:
+    with pytest.raises(ProfileError, match=r"costs\.json") as info:
         CostTable.load(fifo)
     assert isinstance(info.value.__cause__, NotRegularFileError)
 

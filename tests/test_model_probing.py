@@ -84,7 +84,7 @@ def test_a_missing_external_data_file_is_a_model_error_naming_the_model_and_the_
 async def test_a_session_on_a_model_missing_its_external_data_raises_model_not_found(tmp_path: Path) -> None:
     path = _matmul_with_external_weight(tmp_path)
     (tmp_path / "mm.weights").unlink()
-    with pytest.raises(ModelNotFoundError, match="mm.weights"):
+    with pytest.raises(ModelNotFoundError, match=r"mm\.weights"):
         async with Session(path, devices=["cpu:0"]):
             pass
 
@@ -113,7 +113,7 @@ def test_external_data_outside_the_model_directory_is_refused(tmp_path: Path) ->
 
 def test_bytes_that_refer_to_external_data_are_refused_with_the_file_named(tmp_path: Path) -> None:
     path = _matmul_with_external_weight(tmp_path)
-    with pytest.raises(InvalidModelError, match="'mm.weights'.*model's path"):
+    with pytest.raises(InvalidModelError, match=r"'mm\.weights'.*model's path"):
         load_model(path.read_bytes())
     unloaded = onnx.load(str(path), load_external_data=False)
     with pytest.raises(InvalidModelError, match="'w'"):
@@ -173,7 +173,7 @@ def test_a_declared_element_type_that_contradicts_the_graph_is_an_invalid_model(
     model = _transpose_chain([helper.make_tensor_value_info("t", TensorProto.DOUBLE, [3, 2])])
     with pytest.raises(Exception, match="does not match expected type"):
         _ort(model, {"x": np.zeros((2, 3), np.float32)})  # onnxruntime refuses it too
-    with pytest.raises(InvalidModelError, match="'t' as DOUBLE.*FLOAT"):
+    with pytest.raises(InvalidModelError, match=r"'t' as DOUBLE.*FLOAT"):
         load_model(model)
 
 
@@ -191,7 +191,7 @@ def test_a_graph_output_declared_with_another_element_type_is_an_invalid_model()
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT32
     with pytest.raises(Exception, match="Type Error"):
         _ort(model, {"x": np.zeros((2, 3), np.float32)})  # onnxruntime refuses it too
-    with pytest.raises(InvalidModelError, match="graph output 'y' is declared INT32.*FLOAT"):
+    with pytest.raises(InvalidModelError, match=r"graph output 'y' is declared INT32.*FLOAT"):
         load_model(model)
 
 

@@ -132,7 +132,7 @@ def test_unknown_name_lists_the_embedded_models() -> None:
     with pytest.raises(ModelNotFoundError, match="nosuchnet"):
         embedded_model("nosuchnet")
     # something that looks like a path is a path: no embedded lookup
-    with pytest.raises(ModelNotFoundError, match="model file 'squeezenet.onnx' does not exist"):
+    with pytest.raises(ModelNotFoundError, match=r"model file 'squeezenet\.onnx' does not exist"):
         load_model("squeezenet.onnx")
 
 

@@ -57,7 +57,7 @@ def test_cpufreq_writes_validate(rk: SysfsRoot) -> None:
     pol = cpufreq.read_policies(rk)[1]
     cpufreq.set_max_khz(rk, pol, 2208000)
     assert rk.read_int(f"{pol.path}/scaling_max_freq") == 2208000
-    with pytest.raises(UnsupportedFrequencyError, match="2400000 kHz .* available: 408000"):
+    with pytest.raises(UnsupportedFrequencyError, match=r"2400000 kHz .* available: 408000"):
         cpufreq.set_max_khz(rk, pol, 2400000)
     assert rk.read_int(f"{pol.path}/scaling_max_freq") == 2208000
     with pytest.raises(UnsupportedGovernorError, match="turbo"):

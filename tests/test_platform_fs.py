@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -146,7 +145,7 @@ def test_eagain_from_a_real_fifo_reads_as_none(tree: Path) -> None:
 
 
 @pytest.fixture
-def failing_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def failing_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make os.read fail with the errno put in the returned list (EIO/ENODATA cannot be produced by a tmpfs)."""
     code: list[int] = []
     real = os.read
@@ -157,7 +156,7 @@ def failing_read(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return real(fd, n)
 
     monkeypatch.setattr(os, "read", fake)
-    yield code
+    return code
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.ENODATA, errno.EAGAIN])

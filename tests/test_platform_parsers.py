@@ -18,7 +18,7 @@ class TestCpufreq:
         assert cpufreq.parse_freq_list(text) == tuple(range(300_000_000, 1_000_000_001, 100_000_000))
 
     def test_freq_list_rejects_garbage(self) -> None:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not a frequency: 'abc'"):
             cpufreq.parse_freq_list("408000 abc")
 
     def test_governors(self) -> None:

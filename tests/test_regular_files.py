@@ -8,6 +8,7 @@ does block on it is released with an empty read: a regression fails the test ins
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -38,10 +39,8 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
 
     def release_readers() -> None:
         while not done.is_set():
-            try:
+            with contextlib.suppress(OSError):  # no reader (ENXIO): nothing blocked
                 os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass  # no reader (ENXIO): nothing blocked
             done.wait(0.01)
 
     t = threading.Thread(target=release_readers, daemon=True)

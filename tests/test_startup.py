@@ -97,7 +97,7 @@ def test_public_names_resolve_list_and_star_import_as_before() -> None:
     assert set(hetsched.__all__) <= set(dir(hetsched))
     assert set(hetsched.lowlevel.__all__) <= set(dir(hetsched.lowlevel))
     ns: dict[str, object] = {}
-    exec("from hetsched import *", ns)  # noqa: S102
+    exec("from hetsched import *", ns)
     assert set(hetsched.__all__) <= set(ns)
     assert hetsched.Session.__module__ == "hetsched"
     assert hetsched.lowlevel.BufferPool.__module__ == "hetsched.lowlevel"

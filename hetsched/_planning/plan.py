@@ -69,7 +69,7 @@ class Refusal:
     """The backend's own message (a :class:`CompileError`'s text)."""
 
 
-class OffloadReason(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; the floor is 3.10)
+class OffloadReason(str, Enum):
     """Why a unit is not on the plan's NPU (:attr:`Plan.offload`)."""
 
     REFUSED = "refused"

@@ -177,11 +177,11 @@ class CpufreqPolicy:
                     f"{khz} kHz is not available on {self.name} (cpus {_fmt_cpus(self.cpus)}); "
                     f"available: {' '.join(map(str, self.available_khz))}"
                 )
-        elif self.cpuinfo_min_khz is not None and self.cpuinfo_max_khz is not None:
-            if not self.cpuinfo_min_khz <= khz <= self.cpuinfo_max_khz:
-                raise UnsupportedFrequencyError(
-                    f"{khz} kHz is outside {self.name}'s range {self.cpuinfo_min_khz}-{self.cpuinfo_max_khz} kHz"
-                )
+        elif (self.cpuinfo_min_khz is not None and self.cpuinfo_max_khz is not None
+              and not self.cpuinfo_min_khz <= khz <= self.cpuinfo_max_khz):
+            raise UnsupportedFrequencyError(
+                f"{khz} kHz is outside {self.name}'s range {self.cpuinfo_min_khz}-{self.cpuinfo_max_khz} kHz"
+            )
         return khz
 
 

@@ -8,7 +8,7 @@ Units (kernel hwmon ``sysfs-interface``): ``in*_input`` mV, ``curr*_input`` mA,
   JP6 both bind the mainline-style driver there), then ``sys/class/hwmon/*``. Each
   channel ``k`` in 1..3 with an ``in{k}_label`` is a rail; ``NC`` labels (not
   connected) and channel 7 (sum of shunt voltages) are skipped, as jtop does.
-  Power = ``in × curr / 1e6`` W. JetPack 4's ``ina3221x`` IIO driver
+  Power = ``in * curr / 1e6`` W. JetPack 4's ``ina3221x`` IIO driver
   (``iio:device*/rail_name_N``, ``in_power{N}_input`` mW) is read as well.
 * **RAPL** (x86 hosts): ``sys/class/powercap/intel-rapl:*`` zones; power comes
   from energy deltas (:func:`energy_delta_uj` handles the wrap). ``energy_uj``

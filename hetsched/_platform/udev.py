@@ -102,7 +102,7 @@ def enumerate_devices(
 ) -> list[UdevDevice]:
     """Devices of ``subsystem`` known to udev; ``[]`` when udev is unavailable for this root."""
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
-    ctx, status = _open_context(fs, context_factory)
+    ctx, _ = _open_context(fs, context_factory)
     if ctx is None:
         return []
     try:
