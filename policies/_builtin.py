@@ -208,18 +208,19 @@ class HEFT:
         }
         devs = list(problem.devices)
 
-        # The links of every ordered device pair, in the order the average sums them.
+        # The mean transfer over every ordered device pair (a missing link is free). Link.seconds is
+        # linear in the bytes, so the mean is the mean latency plus the bytes times the mean seconds
+        # per byte: two sums once, not one pass over the pairs per edge.
         pair_links = [problem.links.get((a, b)) for a in devs for b in devs if a != b]
+        n_pairs = len(pair_links)
+        mean_latency = sum(link.latency_s for link in pair_links if link is not None) / n_pairs if n_pairs else 0.0
+        mean_spb = sum(link.seconds_per_byte for link in pair_links if link is not None) / n_pairs if n_pairs else 0.0
         edges = problem.edges
 
         def avg_comm(u: int, v: int) -> float:
-            if len(devs) < 2:
+            if n_pairs == 0:
                 return 0.0
-            nbytes = edges.get((u, v), 0.0)
-            tot = 0.0
-            for link in pair_links:
-                tot += 0.0 if link is None else link.seconds(nbytes)
-            return tot / len(pair_links) if pair_links else 0.0
+            return mean_latency + edges.get((u, v), 0.0) * mean_spb
 
         has_links = bool(problem.links)
         rank: dict[int, float] = {}
