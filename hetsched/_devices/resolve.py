@@ -285,13 +285,9 @@ def resolve_devices(
     usable = tuple(available_cpus) if available_cpus is not None else host_cpus()
     fs = root if isinstance(root, SysfsRoot) else SysfsRoot(root)
     board = board_root(fs, host=usable, npu=_npu_device)
-    if specs is None:
-        specs = default_board_devices(board) if board is not None else default_host_specs(fs)
-    elif isinstance(specs, (str, Device)):
-        specs = [specs]
     out: list[Device] = []
-    clusters: list[CpuCluster] | None = None
-    for spec in specs:
+    clusters = _HostClusters(fs)
+    for spec in _spec_list(specs, board, fs):
         if isinstance(spec, Device):
             out.append(spec)
             continue
@@ -300,80 +296,121 @@ def resolve_devices(
         s = spec.strip().lower()
         if board is not None and not s.startswith("cpu:"):
             out.extend(_board_spec(spec, s, board, fs))
-            continue
-        if s == "gpu:ncnn":  # the host's Vulkan device through ncnn
+        elif s == "gpu:ncnn":  # the host's Vulkan device through ncnn
             from hetsched.backends._ncnn_devices import ncnn_gpu_device
 
             out.append(ncnn_gpu_device(spec))
-            continue
-        if is_gpu_spec(s):
+        elif is_gpu_spec(s):
             out.extend(jetson_gpu_devices(spec, s, fs))
-            continue
-        if s in NPU_SPECS:
+        elif s in NPU_SPECS:
             out.append(_npu_device(s, fs))
-            continue
-        if s in ("clusters", "big", "little", "mid"):
-            if clusters is None:
-                clusters = [c for c in discover_cpu_clusters(fs) if c.cpus]
-            chosen = [c for c in clusters if s == "clusters" or c.role == s]
-            if not chosen and s in ("big", "little") and all(c.role == "cpu" for c in clusters):
-                # a homogeneous host (one cluster, or all alike as on a Jetson Orin): each is both big and little
-                chosen = clusters
-            if not chosen:
-                raise DeviceSpecError(f"device spec {spec!r}: the host has no {s} CPU cluster")
-            for c in chosen:
-                dev = c.device()
-                missing = [x for x in dev.cpus if x not in usable]
-                if missing:
-                    raise DeviceSpecError(
-                        f"device spec {spec!r}: cluster {dev.name} has CPUs {missing} this process cannot use"
-                    )
-                out.append(dev)
-            continue
-        if s == "cpu":
-            cpus: tuple[int, ...] = usable
-        elif s.startswith("cpu:"):
-            try:
-                cpus = parse_cpulist(s[4:])
-            except DeviceSpecError as exc:
-                raise DeviceSpecError(f"device spec {spec!r}: {exc}") from exc
-            if not cpus:
-                raise DeviceSpecError(f"device spec {spec!r} names no CPUs")
+        elif s in ("clusters", "big", "little", "mid"):
+            out.extend(_cluster_devices(spec, s, clusters.get(), usable))
         else:
-            raise DeviceSpecError(
-                f"unknown device spec {spec!r}: expected 'cpu', 'cpu:N', 'cpu:N-M', 'cpu:N,M', "
-                "'big', 'little', 'mid', 'clusters' or (on an RK3588) 'npu', 'npu:N', 'npu:0-1', 'npu:0-2'"
-            )
-        missing = [c for c in cpus if c not in usable]
+            out.append(_cpu_device(spec, s, usable, clusters))
+    _check_names(out)
+    return out
+
+
+def _spec_list(specs: Iterable[str | Device] | str | Device | None, board: BoardRoot | None,
+               fs: SysfsRoot) -> Iterable[str | Device]:
+    """The specs as an iterable; ``None`` is the board's (or the host's) default devices."""
+    if specs is None:
+        return default_board_devices(board) if board is not None else default_host_specs(fs)
+    return [specs] if isinstance(specs, (str, Device)) else specs
+
+
+class _HostClusters:
+    """The host's CPU clusters under ``fs``, discovered at the first spec that needs them."""
+
+    def __init__(self, fs: SysfsRoot) -> None:
+        self._fs = fs
+        self._clusters: list[CpuCluster] | None = None
+
+    def get(self) -> list[CpuCluster]:
+        if self._clusters is None:
+            self._clusters = [c for c in discover_cpu_clusters(self._fs) if c.cpus]
+        return self._clusters
+
+
+def _cluster_devices(spec: str, s: str, clusters: Sequence[CpuCluster], usable: Sequence[int]) -> list[Device]:
+    """One device per host cluster of ``s`` (``clusters``, ``big``, ``little``, ``mid``).
+
+    :raises DeviceSpecError: the host has no such cluster, or one has CPUs this process cannot use.
+    """
+    chosen = [c for c in clusters if s == "clusters" or c.role == s]
+    if not chosen and s in ("big", "little") and all(c.role == "cpu" for c in clusters):
+        # a homogeneous host (one cluster, or all alike as on a Jetson Orin): each is both big and little
+        chosen = list(clusters)
+    if not chosen:
+        raise DeviceSpecError(f"device spec {spec!r}: the host has no {s} CPU cluster")
+    out = []
+    for c in chosen:
+        dev = c.device()
+        missing = [x for x in dev.cpus if x not in usable]
         if missing:
-            raise DeviceSpecError(
-                f"device spec {spec!r} names CPUs {missing} that this host/process lacks (usable: "
-                f"{format_cpulist(usable)})"
-            )
-        freq = None
-        cap = 1024.0
-        dom = None
-        for c in discover_cpu_clusters(fs) if clusters is None else clusters:
-            if set(cpus) <= set(c.cpus):
-                freq, cap, dom = c.max_freq_khz, c.capacity, c.domain
-        per_core = _FLOPS_PER_CYCLE * (freq or _DEFAULT_FREQ_KHZ) * 1e3 * cap / 1024.0
-        out.append(
-            Device(
-                name=f"cpu:{format_cpulist(cpus)}",
-                kind="cpu",
-                backend="cpu",
-                cpus=cpus,
-                domain=dom,
-                capacity=cap,
-                max_freq_khz=freq,
-                peak_flops=per_core * len(cpus),
-                mem_bandwidth=_MEM_BW_PER_DEVICE,
-            )
+            raise DeviceSpecError(f"device spec {spec!r}: cluster {dev.name} has CPUs {missing} this process cannot use")
+        out.append(dev)
+    return out
+
+
+def _spec_cpus(spec: str, s: str, usable: tuple[int, ...]) -> tuple[int, ...]:
+    """The cores of ``cpu`` (every usable one) or ``cpu:LIST``.
+
+    :raises DeviceSpecError: an unknown spec, a malformed or empty list, or CPUs the process lacks.
+    """
+    if s == "cpu":
+        cpus = usable
+    elif s.startswith("cpu:"):
+        try:
+            cpus = parse_cpulist(s[4:])
+        except DeviceSpecError as exc:
+            raise DeviceSpecError(f"device spec {spec!r}: {exc}") from exc
+        if not cpus:
+            raise DeviceSpecError(f"device spec {spec!r} names no CPUs")
+    else:
+        raise DeviceSpecError(
+            f"unknown device spec {spec!r}: expected 'cpu', 'cpu:N', 'cpu:N-M', 'cpu:N,M', "
+            "'big', 'little', 'mid', 'clusters' or (on an RK3588) 'npu', 'npu:N', 'npu:0-1', 'npu:0-2'"
         )
-    names = [d.name for d in out]
+    missing = [c for c in cpus if c not in usable]
+    if missing:
+        raise DeviceSpecError(
+            f"device spec {spec!r} names CPUs {missing} that this host/process lacks (usable: "
+            f"{format_cpulist(usable)})"
+        )
+    return cpus
+
+
+def _cpu_device(spec: str, s: str, usable: tuple[int, ...], clusters: _HostClusters) -> Device:
+    """The device of ``cpu`` or ``cpu:LIST``: those cores, with the clock and capacity of the
+    cluster holding them all (the defaults where none does); the spec is checked first."""
+    cpus = _spec_cpus(spec, s, usable)
+    freq = None
+    cap = 1024.0
+    dom = None
+    for c in clusters.get():
+        if set(cpus) <= set(c.cpus):
+            freq, cap, dom = c.max_freq_khz, c.capacity, c.domain
+    per_core = _FLOPS_PER_CYCLE * (freq or _DEFAULT_FREQ_KHZ) * 1e3 * cap / 1024.0
+    return Device(
+        name=f"cpu:{format_cpulist(cpus)}",
+        kind="cpu",
+        backend="cpu",
+        cpus=cpus,
+        domain=dom,
+        capacity=cap,
+        max_freq_khz=freq,
+        peak_flops=per_core * len(cpus),
+        mem_bandwidth=_MEM_BW_PER_DEVICE,
+    )
+
+
+def _check_names(devices: Sequence[Device]) -> None:
+    """:raises DeviceSpecError: no devices, or two with one name."""
+    names = [d.name for d in devices]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise DeviceSpecError(f"duplicate devices: {dupes}")
-    if not out:
+    if not devices:
         raise DeviceSpecError("no devices given")
-    return out
