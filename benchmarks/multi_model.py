@@ -2,7 +2,7 @@
 Runtime with hetsched's scheduler and joint placement, on the rk3588 and orin-nx twins.
 
 The mix (real models, read from the installed wheels as ``benchmarks/real_models.py`` does, and
-an embedded one):
+an embedded one; the input shapes fixed here):
 
 - ``detector``: ddddocr's YOLOX-style detector at 416x416, offered at 30 fps, ``Priority.HIGH``,
   SLO 33 ms;
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 import threading
@@ -62,7 +63,6 @@ from hetsched.policies import Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream  # noqa: E402
-from real_models import feeds_for, fixed_model  # noqa: E402
 
 SLO_S = 0.033
 MODES = (("independent_sessions", Mode.INDEPENDENT, "alone"), ("runtime_fifo", Mode.RUNTIME_FIFO, "alone"),
@@ -74,9 +74,35 @@ TARGETS = {"slo_satisfaction_high": ">= 0.99 where independent sessions fall bel
            "board_energy_per_request_j": "no higher than independent sessions'"}
 
 
+# (wheel's package, file inside it, the input's fixed shape): read from the installed wheel, never downloaded
+WHEELS = {"detector": ("ddddocr", "common_det.onnx", [1, 3, 416, 416]),
+          "classifier": ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", [1, 3, 48, 192])}
+
+
+def wheel_model(package: str, rel: str, shape: list[int]) -> onnx.ModelProto:
+    """The ONNX file ``rel`` of the installed ``package`` with its one image input fixed to ``shape``."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"multi_model.py: package {package!r} is not installed (pip install {package.replace('_', '-')})")
+    model = load_model(Path(next(iter(spec.submodule_search_locations))) / rel)
+    inits = {t.name for t in model.graph.initializer}
+    inp = next(i for i in model.graph.input if i.name not in inits)
+    del inp.type.tensor_type.shape.dim[:]
+    for v in shape:
+        inp.type.tensor_type.shape.dim.add().dim_value = v
+    return load_model(model)
+
+
 def models() -> dict[str, onnx.ModelProto]:
-    return {"detector": fixed_model("ddddocr_det"), "classifier": fixed_model("ppocr_cls"),
-            "background": load_model("light_resnet50")}
+    return {**{n: wheel_model(*w) for n, w in WHEELS.items()}, "background": load_model("light_resnet50")}
+
+
+def feeds_for(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Seeded random inputs at the model's (fixed) input shapes."""
+    rng = np.random.default_rng(0)
+    inits = {t.name for t in model.graph.initializer}
+    return {i.name: rng.random([d.dim_value or 1 for d in i.type.tensor_type.shape.dim], dtype=np.float32)
+            for i in model.graph.input if i.name not in inits}
 
 
 def streams(background: int, per_result: int, fps: float) -> list[Stream]:
@@ -227,13 +253,13 @@ async def _open_all(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
     """Threads of the process after opening each model as an independent Session (and one request each)."""
     counts = [threading.active_count()]
     async with Session(nets["detector"], devices=twin_devices(soc)) as a:
-        await a.run(feeds_for("ddddocr_det", nets["detector"], 0))
+        await a.run(feeds_for(nets["detector"]))
         counts.append(threading.active_count())
         async with Session(nets["classifier"], devices=twin_devices(soc)) as b:
-            await b.run(feeds_for("ppocr_cls", nets["classifier"], 0))
+            await b.run(feeds_for(nets["classifier"]))
             counts.append(threading.active_count())
             async with Session(nets["background"], devices=twin_devices(soc)) as c:
-                await c.run(feeds_for("light_resnet50", nets["background"], 0))
+                await c.run(feeds_for(nets["background"]))
                 counts.append(threading.active_count())
     return counts
 
@@ -255,12 +281,11 @@ async def _open_runtime(runtime_cls: Any, nets: Mapping[str, onnx.ModelProto], s
     async with runtime_cls(devices=twin_devices(soc)) as rt:
         sessions = []
         try:
-            for name, feeds_name in (("detector", "ddddocr_det"), ("classifier", "ppocr_cls"),
-                                     ("background", "light_resnet50")):
-                s = Session(nets[name], runtime=rt)
+            for name in ("detector", "classifier", "background"):
+                s = Session(nets[name], runtime=rt, name=name)
                 await s.__aenter__()
                 sessions.append(s)
-                await s.run(feeds_for(feeds_name, nets[name], 0))
+                await s.run(feeds_for(nets[name]))
                 counts.append(threading.active_count())
         finally:
             for s in reversed(sessions):
