@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,13 @@ def test_memory_bound_stages_on_two_twin_devices_share_the_bandwidth(tmp_path: P
         assert st.modelled_time_s == pytest.approx(2 * t, rel=1e-3)  # both demand all of DRAM: half each
         assert st.busy_time_s == pytest.approx(st.modelled_time_s)  # the stall keeps the device busy
         assert st.modelled_energy_j == pytest.approx(2 * e, rel=1e-3)
+
+
+def test_a_board_no_stage_uses_is_not_kept() -> None:
+    import gc
+
+    board = shared_board("soc:test-gone")
+    ref = weakref.ref(board)
+    del board
+    gc.collect()
+    assert ref() is None

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -196,7 +197,8 @@ class BoardContention:
                                              dict(self._busy), dict(self._latency))
 
 
-_BOARDS: dict[str, BoardContention] = {}
+_BOARDS: weakref.WeakValueDictionary[str, BoardContention] = weakref.WeakValueDictionary()
+"""Boards in use: a board lives while a stage of it does (a test's temporary root leaves nothing behind)."""
 _BOARDS_LOCK = threading.Lock()
 
 
