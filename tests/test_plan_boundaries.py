@@ -251,3 +251,19 @@ async def test_an_unchanged_twin_board_never_replans_on_drift(tmp_path: Path, mo
         await anyio.sleep(0.3)  # a few monitor periods after the runs
         stats = s.statistics().replanning
     assert "drift" not in stats.reasons, stats
+
+
+def test_a_unit_faster_on_the_npu_alone_but_too_small_for_a_stage_says_so() -> None:
+    # the lone Conv after the CPU's Round: 0.003 ms on the NPU against 0.065 ms on a cluster, but a
+    # stage of it there costs the NPU's launch and two hand-offs; "slower" would be untrue
+    index = GraphIndex(_offload_model())
+    plan = build_plan(index, [d for d in twin_devices("rk3588") if d.kind != "gpu"])
+    for note in plan.offload:
+        if note.reason is OffloadReason.UNSUPPORTED_OP:
+            continue
+        here, there = plan.problem.cost[(note.unit, note.device)], plan.problem.cost[(note.unit, "npu")]
+        if there <= here:
+            assert note.reason is OffloadReason.TOO_SMALL and "boundary" in note.detail, note
+        else:
+            assert note.reason is OffloadReason.SLOWER, note
+    assert any(n.reason is OffloadReason.TOO_SMALL and "stage boundary there" in n.detail for n in plan.offload)

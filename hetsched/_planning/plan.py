@@ -537,10 +537,17 @@ def _offload_notes(index: GraphIndex, devices: Sequence[Device], caps: Mapping[s
         elif left.get(u.id) == npu:
             out.append(OffloadNote(u.id, npu, dev, OffloadReason.TOO_SMALL,
                                    f"a stage of it on {npu} would not pay for its boundary (launch, hand-offs)"))
-        else:
+        elif cost[(u.id, npu)] > cost[(u.id, dev)]:
             out.append(OffloadNote(u.id, npu, dev, OffloadReason.SLOWER,
                                    f"estimated {cost[(u.id, dev)] * 1e3:.3g} ms on {dev} against "
                                    f"{cost[(u.id, npu)] * 1e3:.3g} ms on {npu}"))
+        else:
+            # no slower there: what it would save does not pay for a stage boundary (the policy
+            # prices the NPU's launch and the hand-offs into each move onto it)
+            out.append(OffloadNote(u.id, npu, dev, OffloadReason.TOO_SMALL,
+                                   f"estimated {cost[(u.id, npu)] * 1e3:.3g} ms on {npu} against "
+                                   f"{cost[(u.id, dev)] * 1e3:.3g} ms on {dev}: the difference does not pay for a "
+                                   f"stage boundary there (the NPU's launch, hand-offs)"))
     return tuple(out)
 
 
