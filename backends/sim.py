@@ -28,6 +28,8 @@ import onnx
 from onnx import TensorProto
 
 from hetsched._errors import StageExecutionError
+from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S, analytic_node_costs, roofline
+from hetsched._planning.graph import GraphIndex
 from hetsched._platform.affinity import host_cpus
 
 from ._base import NO_BACKEND_HOOKS, Capabilities, CompiledStage, Device, OpRule, StageHooks, TensorSpec
@@ -143,8 +145,6 @@ class SimStage:
         """(seconds, joules, seconds the memory is busy) of one run at the current clocks: the
         planner's own model (:func:`hetsched._planning.costs.roofline`), so a plan's estimate for a
         twin device is the time the twin then models."""
-        from hetsched._planning.costs import roofline
-
         domain = self.device.options["profile_domain"]
         t, t_compute, t_mem, f = roofline(self.device, self.flops, self.bytes)
         util = t_compute / t if t > 0 else 0.0
@@ -264,9 +264,6 @@ class SimBackend:
         return OP_SETS[device.options.get("op_set", _DEFAULT_OP_SET[device.kind])]
 
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
-        from hetsched._planning.costs import analytic_node_costs
-        from hetsched._planning.graph import GraphIndex
-
         host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
         inner = self._cpu.compile(model, host, name=name)
         try:
@@ -360,8 +357,6 @@ def launch_seconds(kind: str) -> float:
     prior for that kind, ``hetsched._planning.costs.LAUNCH_S``). A DLA task is submitted
     through the same host1x channel queue as a GPU job, so a DLA gets the GPU's prior when the
     planner has none of its own."""
-    from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S
-
     if kind == "dla" and "dla" not in LAUNCH_S:
         kind = "gpu"
     return LAUNCH_S.get(kind, STAGE_OVERHEAD_S)
