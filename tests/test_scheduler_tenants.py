@@ -245,13 +245,51 @@ async def _flagged(board: _Board) -> None:
     assert stats.in_flight == 0
 
 
-async def test_later_stages_are_keyed_by_what_is_left_of_their_request(board: _Board) -> None:
-    """The remaining estimate per stage is the longest path of stages after it."""
-    t = board.attach("T", cost_s=0.01)
-    req = board.request(t, Priority.NORMAL, 1, slo_s=1.0)
-    assert dict(req.rem or {}) == {0: pytest.approx(0.01)}
-    assert req.key == pytest.approx(1.0 - 0.01 + int(Priority.NORMAL) * 0.01)
-    await board.run(t, req)
+class _Branch:
+    """One stage of a small DAG: copies its one input to its one output, costing ``cost_s``."""
+
+    def __init__(self, name: str, inp: str, out: str, clock: VirtualClock, cost_s: float, ran: list[str]):
+        self.name = name
+        self.input_names = (inp,)
+        self.output_names = (out,)
+        self.clock, self.cost_s, self.ran = clock, cost_s, ran
+
+    @property
+    def hooks(self) -> Any:
+        from hetsched.backends._base import StageHooks
+
+        return StageHooks()
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        self.ran.append(self.name)
+        self.clock.advance(self.cost_s)
+        return [next(iter(feeds.values()))]
+
+    def close(self) -> None:
+        pass
+
+
+async def test_each_stage_is_keyed_by_the_longest_path_left_after_it(board: _Board) -> None:
+    """s0 (10 ms) feeds s1 (5 ms) and s2 (20 ms): what is left from s0 is 30 ms, from s1 5 ms,
+    from s2 20 ms. Both become ready together (s1 pushed first); s2, with less slack, runs first."""
+    t = board.sched.attach("T", dispatch=HookDispatcher())
+    ran: list[str] = []
+    specs = [(_Spec(0, "s0", DEV, (), ("x",)), "x", "a", 0.01), (_Spec(1, "s1", DEV, (0,), ("a",)), "a", "b", 0.005),
+             (_Spec(2, "s2", DEV, (0,), ("a",)), "a", "c", 0.02)]
+    stages = [StageRuntime(spec, _Branch(spec.name, i, o, board.clock, c, ran), spec.name, c, "host")
+              for spec, i, o, c in specs]
+    t.set_stages(stages, {"a": 0, "b": 1, "c": 2})
+    req = t.new_request(1, int(Priority.NORMAL), t.program(["b", "c"], ["x"]), {"x": np.zeros(4, np.float32)},
+                        slo_s=1.0)
+    step = int(Priority.NORMAL) * 0.01
+    assert dict(req.rem or {}) == {0: pytest.approx(0.03), 1: pytest.approx(0.005), 2: pytest.approx(0.02)}
+    assert req.key == pytest.approx(1.0 - 0.03 + step)
+    t.rekey(req, stages[1])
+    assert req.key == pytest.approx(1.0 - 0.005 + step)
+    await t.execute(req)
+    assert set(dict(t.take_outputs(req))) == {"b", "c"}
+    assert ran == ["s0", "s2", "s1"]
+    assert t.statistics().slo_met == 1
 
 
 # -- aging ------------------------------------------------------------------------------------------

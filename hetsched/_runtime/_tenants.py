@@ -391,6 +391,10 @@ class Tenant:
                 req.key = now + req.priority * step
             return
         req.deadline = now + slo
+        if req.flagged:  # judged at an earlier admission (a stream's request made ahead): judge it anew
+            req.flagged = False
+            with self._lock:
+                self.slo_flagged -= 1
         self.tracks = True
         sch.saw_slo(slo)
         if not sch.priorities:
@@ -413,17 +417,28 @@ class Tenant:
         return est
 
     def remaining(self, program: Program) -> dict[int, float]:
-        """Per stage id, the estimated seconds of the longest path of stages from it to the end."""
+        """Per stage id, the estimated seconds of the longest path of stages from it to the end
+        (through its consumers, on shared memory or across a transfer)."""
         rem: dict[int, float] = {}
-        for st in reversed(program.stages):  # consumers come after their producers
+        by_sid = program.by_sid
+
+        def path(sid: int) -> float:
+            got = rem.get(sid)
+            if got is not None:
+                return got
+            rem[sid] = 0.0  # a guard: a plan's stages form a DAG, but never loop on a bad one
             after = 0.0
-            for _i, _name, _refs, same, remote in program.outs[st.sid]:
-                for sid in same:
-                    after = max(after, rem.get(sid, 0.0))
+            for _index, name, _refs, same, remote in program.outs.get(sid, ()):
+                consumers = list(same)
                 for dom in remote:
-                    for sid in program.xfers.get((_name, dom), (0, ()))[1]:
-                        after = max(after, rem.get(sid, 0.0))
-            rem[st.sid] = self.estimate(st) + after
+                    consumers.extend(program.xfers.get((name, dom), (0, ()))[1])
+                for c in consumers:
+                    after = max(after, path(c))
+            rem[sid] = total = self.estimate(by_sid[sid]) + after
+            return total
+
+        for st in program.stages:
+            path(st.sid)
         return rem
 
     def _fair_tag(self, now: float, program: Program) -> float:
