@@ -250,3 +250,23 @@ async def test_a_session_on_a_twin_root_opens_with_the_boards_devices(roots: dic
         modelled = [x for x in s.stage_statistics().values() if x is not None and hasattr(x, "modelled_time_s")]
         assert modelled and all(m.runs == 1 and m.modelled_time_s > 0 for m in modelled)
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_board_roots_simulated_devices_are_injected(roots: dict[str, Path]) -> None:
+    """Device resolution gets a board root's devices from whoever it is given (by default the
+    twin's, through ``_estimators``): it never builds them itself (issue 25)."""
+    from hetsched._devices.board import board_root
+    from hetsched._platform._fs import SysfsRoot
+    from hetsched.backends import Device
+
+    asked: list[tuple[str, str, tuple[int, ...] | None]] = []
+
+    def twins(soc: str, root: str, host: tuple[int, ...] | None) -> list[Device]:
+        asked.append((soc, root, host))
+        return [Device(name="cluster0", kind="cpu", cpus=(0,), options={"role": "cpu"})]
+
+    board = board_root(SysfsRoot(roots["orin-nx"]), host=(0,), twins=twins)
+    assert board is not None and [d.name for d in board.clusters] == ["cluster0"]
+    assert asked == [("orin-nx", str(roots["orin-nx"]), (0,))]
+    default = board_root(SysfsRoot(roots["orin-nx"]), host=(0,))
+    assert default is not None and [d.name for d in default.clusters] == CLUSTERS["orin-nx"]
