@@ -297,8 +297,9 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
 def _print(summary: dict[str, Any]) -> None:
     print(f"{len(summary['models'])} models, {summary['mode']}, {summary['duration_s']:g} s "
           f"({summary['worker_threads']} threads started):")
+    modelled = any("modelled_ms_per_request" in m for m in summary["models"])
     print(f"{'model':28} {'prio':10} {'rate':>6} {'reqs':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-          f"{'SLO ok':>7} {'req/s':>7} {'mJ/req':>8}")
+          f"{'SLO ok':>7} {'req/s':>7} {'mJ/req':>8}" + (f" {'board ms':>9}" if modelled else ""))
 
     def f(v: float | None, spec: str) -> str:
         return "-" if v is None else format(v, spec)
@@ -308,7 +309,15 @@ def _print(summary: dict[str, Any]) -> None:
         e = None if m["energy_per_request_j"] is None else m["energy_per_request_j"] * 1e3
         print(f"{Path(m['model']).name[:28]:28} {m['priority']:10} {f(m['rate'], 'g'):>6} {m['requests']:>6} "
               f"{f(m['latency_ms']['p50'], '.2f'):>8} {f(m['latency_ms']['p95'], '.2f'):>8} "
-              f"{f(m['latency_ms']['p99'], '.2f'):>8} {slo:>7} {m['throughput_rps']:>7.1f} {f(e, '.3f'):>8}")
+              f"{f(m['latency_ms']['p99'], '.2f'):>8} {slo:>7} {m['throughput_rps']:>7.1f} {f(e, '.3f'):>8}"
+              + (f" {f(m.get('modelled_ms_per_request'), '.3f'):>9}" if modelled else ""))
+    if modelled:
+        print("board ms: the SoC twin's modelled time of one request's stages (a simulator; the sharing of the "
+              "board between the models included); latencies are this host's wall time")
+    split = {m["model"]: m.get("board_energy_split_j") for m in summary["models"]}
+    if any(v is not None for v in split.values()):
+        print("energy split by busy share: " + ", ".join(f"{Path(k).name} {v:.3f} J" for k, v in split.items()
+                                                         if v is not None))
 
 
 def run_multi(args: argparse.Namespace) -> int:
