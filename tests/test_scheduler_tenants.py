@@ -24,6 +24,7 @@ from hetsched._events import HookDispatcher
 from hetsched._runtime._buffers import pools_for
 from hetsched._runtime._clock import VirtualClock
 from hetsched._runtime._domains import Topology
+from hetsched._runtime._order import rekey
 from hetsched._runtime._program import StageRuntime
 from hetsched._runtime._scheduler import Order, Request, Scheduler, Tenant
 
@@ -284,7 +285,7 @@ async def test_each_stage_is_keyed_by_the_longest_path_left_after_it(board: _Boa
     step = int(Priority.NORMAL) * 0.01
     assert dict(req.rem or {}) == {0: pytest.approx(0.03), 1: pytest.approx(0.005), 2: pytest.approx(0.02)}
     assert req.key == pytest.approx(1.0 - 0.03 + step)
-    t.rekey(req, stages[1])
+    rekey(t, req, stages[1])
     assert req.key == pytest.approx(1.0 - 0.005 + step)
     await t.execute(req)
     assert set(dict(t.take_outputs(req))) == {"b", "c"}

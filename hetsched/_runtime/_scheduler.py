@@ -56,10 +56,11 @@ from ._buffers import BufferPool, TensorBuffer
 from ._clock import Clock, SystemClock
 from ._domains import Topology
 from ._loops import current_loop_adapter
+from ._order import Order, rekey
 from ._program import Program, StageIO, StageRuntime, build_program
 from ._requests import MISSING, Admission, CompletionSink, PriorityAdmission, Request
 from ._stage_run import StageHost, StageRunner
-from ._tenants import Order, SchedulerStatistics, Tenant, TenantStatistics
+from ._tenants import SchedulerStatistics, Tenant, TenantStatistics
 from ._transfer import TransferEngine
 from ._workers import DeviceWorkers, WorkerInfo
 
@@ -384,7 +385,7 @@ class Scheduler:
             if req.deadline is not None and self.priorities:
                 tenant = req.tenant
                 assert tenant is not None
-                tenant.rekey(req, st)
+                rekey(tenant, req, st)
             w.push(req, st)
 
     def push(self, req: Request, st: StageRuntime) -> None:
@@ -393,7 +394,7 @@ class Scheduler:
         if req.deadline is not None and self.priorities:
             tenant = req.tenant
             assert tenant is not None
-            tenant.rekey(req, st)
+            rekey(tenant, req, st)
         self.workers[st.device].push(req, st)
 
     def take_outputs(self, req: Request) -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ import anyio
 from .._errors import DeviceFailedError, StageExecutionError
 from .._events import Event, EventInfo, Priority
 from ._buffers import BufferPool, TensorBuffer
+from ._order import late
 from ._program import StageIO, StageRuntime, address
 from ._requests import Request
 from ._workers import DeviceWorkers
@@ -114,7 +115,7 @@ class StageRunner:
         tenant = req.tenant
         assert tenant is not None, "a scheduled request belongs to a tenant"
         if (req.deadline is not None and not req.flagged and not req.closed and self._host.priorities
-                and tenant.late(req, st, worker)):
+                and late(tenant, req, st, worker)):
             return  # it can no longer meet its deadline: queued again behind those that still can
         inputs = req.program.inputs[st.sid]
         feeds: dict[str, Any] = {}

@@ -1,52 +1,17 @@
-"""Tenants: the sessions one scheduler serves at once, and the order their stages run in.
+"""Tenants: the sessions one scheduler serves at once.
 
 One :class:`~hetsched._runtime._scheduler.Scheduler` owns the board's device workers, one heap
 per worker group. Every attached :class:`Tenant` (one per session) puts its requests' stages on
-those same heaps, so a HIGH request of one model overtakes queued BACKGROUND stages of another.
-
-The heap key of a stage (a float; smaller runs first) is a *class term* plus a *time term*::
-
-    key = priority * aging_s + t          # priority class first, aged as before (aging_s)
-    t   = admitted                        # no SLO, one tenant (today's order: FIFO in a class)
-        = fair start tag                  # no SLO, several tenants: weighted fair queuing
-        = deadline - remaining(stage)     # SLO, Order.LEAST_SLACK: the stage's latest start
-        = deadline                        # SLO, Order.EARLIEST_DEADLINE
-        = flagged_at + demotion           # SLO that can no longer be met: after those that can
-
-* **Least slack first** (Band's LSF): ``slack = deadline - now - remaining`` where
-  ``remaining`` is the estimated time of the request's longest path of stages still to run
-  from this one (per-stage estimates: an EWMA of the tenant's measured runs, seeded by the
-  cost table or the plan's analytic time). ``now`` is common to every entry of a heap, so the
-  latest start ``deadline - remaining`` orders them by slack; the key is computed whenever a
-  stage is pushed, so later stages of a request carry their own (smaller) remaining time.
-* **Missed SLOs**: when a request is admitted, or a stage of it pushed or popped, with
-  negative slack, the request is flagged (counted in :attr:`TenantStatistics.slo_flagged`),
-  never dropped, and from then on keyed ``flagged_at + demotion`` with ``demotion = max(max_slo,
-  aging_s / 2)`` (``max_slo``: the largest SLO any request has had): every request of its
-  class that can still meet an SLO no longer than ``demotion`` goes first, also one admitted
-  after it (without aging, ``demotion`` is half the class gap: after everything of its class);
-  with aging it still ages, half a class behind, so it is never starved. A popped stage found
-  late goes back on the heap once if others wait there. It is counted in ``slo_missed`` if it
-  finishes after its deadline (``slo_met`` otherwise), whatever the flag said.
-* **Requests without SLO** order by admission, as if their deadline were their admission
-  time. With several tenants attached, a request's time term is a *start tag* of weighted
-  fair queuing in seconds (Zhang's VirtualClock with each tenant's rate its share of the
-  active tenants' weights): ``start = max(now, finish[tenant])``,
-  ``finish[tenant] = start + cost / share``, ``share = weight / sum(weights of tenants with
-  requests in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
-  tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order.
-* **Aging** is today's: a request that waited ``aging_s`` longer than another of the next
-  class up goes first; BACKGROUND never starves.
-* **FIFO** (``priorities=False``): the key is the admission time, whatever the class or SLO
-  (SLOs are still counted).
-
-The key is a hint read when a stage is pushed; two branches of one request pushed at the same
-moment from two threads may each see the other's key (both are the same request's anyway).
+those same heaps, so a HIGH request of one model overtakes queued BACKGROUND stages of another;
+the key each stage gets (priority class, aging, least slack or earliest deadline, flagged SLO
+misses, weighted fair tags) is ``_order``'s. A tenant holds the session's plans (generations),
+its admission limit, its weight and default SLO, and counts its requests, SLOs met and missed
+and its busy seconds per device (:class:`TenantStatistics`). :meth:`Tenant.detach` drains only
+its requests while the others are served.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +23,7 @@ from .._errors import RuntimeStateError
 from .._events import HookDispatcher
 from ._failover import Failover
 from ._generation import Generation
+from ._order import Order, admit, remaining
 from ._requests import Admission, Request
 
 if TYPE_CHECKING:
@@ -68,24 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_SLO", "NEW_WAITER", "Order", "SchedulerStatistics", "Tenant", "TenantStatistics"]
 
 
-class Order(enum.Enum):
-    """How requests with an SLO order within a priority class."""
-
-    LEAST_SLACK = "least-slack"
-    """Band's LSF: the smallest ``deadline - now - remaining estimated time`` first."""
-    EARLIEST_DEADLINE = "earliest-deadline"
-    """EDF: the earliest deadline first, whatever is left to run."""
-
-
 DEFAULT_SLO: Any = object()
 """``slo_s`` left out of :meth:`Tenant.new_request`: the tenant's default SLO."""
 NEW_WAITER: Any = object()
 """``waiter`` left out of :meth:`Tenant.new_request`: a new waiter of the running loop."""
 
-_EWMA = 0.1
-"""Weight of a new run time in a stage's estimate (Band's latency estimator uses 0.1)."""
-_MIN_COST_S = 1.0e-6
-"""A stage estimated at nothing still costs this much (fair tags must advance)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +128,8 @@ class Tenant:
         self.busy: dict[str, float] = {}
         """Per device, busy seconds (updated by the stage runner under its lock)."""
         self.stage_runs = 0
-        self._finish_tag = 0.0
+        self.finish_tag = 0.0
+        """Its last fair-queuing finish tag (``_order.fair_tag``)."""
         self.requests = 0
         self.completed = 0
         self.failed = 0
@@ -270,7 +224,7 @@ class Tenant:
             req.rebind_locked(program)
             req.retries += 1
             if req.deadline is not None:
-                req.rem = self.remaining(program)
+                req.rem = remaining(self, program)
         sch = self.scheduler
         if req.done:
             sch.wake(req)
@@ -378,120 +332,13 @@ class Tenant:
 
     def admit(self, req: Request) -> None:
         """Stamp ``req``'s admission now (any thread): its admission time, deadline and heap
-        key. A stream calls this when it admits a request it made earlier."""
-        sch = self.scheduler
-        now = sch.monotonic()
-        slo = req.deadline - req.admitted if req.deadline is not None else None
-        req.admitted = now
-        step = sch.step
-        if slo is None:
-            if sch.shared:
-                req.key = self._fair_tag(now, req.program) + req.priority * step
-            else:
-                req.key = now + req.priority * step
-            return
-        req.deadline = now + slo
-        if req.flagged:  # judged at an earlier admission (a stream's request made ahead): judge it anew
-            req.flagged = False
-            with self._lock:
-                self.slo_flagged -= 1
-        self.tracks = True
-        sch.saw_slo(slo)
-        if not sch.priorities:
-            req.key = now
-            return
-        req.rem = rem = self.remaining(req.program)
-        left = max(rem.values(), default=0.0)
-        if now + left > req.deadline:
-            self.flag(req, now)  # late from the start
-            return
-        req.key = (req.deadline - left if sch.order is Order.LEAST_SLACK else req.deadline) + req.priority * step
+        key (see ``_order``). A stream calls this when it admits a request it made earlier."""
+        admit(self, req)
 
-    def estimate(self, st: StageRuntime) -> float:
-        """Estimated seconds of one run of ``st`` (any thread)."""
-        est = self.estimates.get(st)
-        if est is None:
-            costs = self.costs
-            learned = costs.get(st.key, st.device) if costs is not None else None
-            est = float(learned) if learned is not None else float(st.analytic_s or 0.0)
-        return est
-
-    def remaining(self, program: Program) -> dict[int, float]:
-        """Per stage id, the estimated seconds of the longest path of stages from it to the end
-        (through its consumers, on shared memory or across a transfer)."""
-        rem: dict[int, float] = {}
-        by_sid = program.by_sid
-
-        def path(sid: int) -> float:
-            got = rem.get(sid)
-            if got is not None:
-                return got
-            rem[sid] = 0.0  # a guard: a plan's stages form a DAG, but never loop on a bad one
-            after = 0.0
-            for _index, name, _refs, same, remote in program.outs.get(sid, ()):
-                consumers = list(same)
-                for dom in remote:
-                    consumers.extend(program.xfers.get((name, dom), (0, ()))[1])
-                for c in consumers:
-                    after = max(after, path(c))
-            rem[sid] = total = self.estimate(by_sid[sid]) + after
-            return total
-
-        for st in program.stages:
-            path(st.sid)
-        return rem
-
-    def _fair_tag(self, now: float, program: Program) -> float:
-        """The start tag of weighted fair queuing (see the module docstring); any thread."""
-        cost = max(_MIN_COST_S, sum(self.estimate(st) for st in program.stages))
-        sch = self.scheduler
-        with sch.fair_lock:
-            active = sum(t.weight for t in sch.tenants() if t.live > 0 or t is self)
-            start = max(now, self._finish_tag)
-            self._finish_tag = start + cost * active / self.weight
-        return start
-
-    def rekey(self, req: Request, st: StageRuntime) -> None:
-        """Key ``req`` for pushing its stage ``st`` (a request with a deadline; any thread):
-        its latest start (or deadline), or flagged and demoted once it can no longer make it."""
-        if req.flagged:
-            return
-        sch = self.scheduler
-        now = sch.monotonic()
-        rem = req.rem
-        left = rem.get(st.sid, 0.0) if rem is not None else 0.0
-        deadline = req.deadline
-        assert deadline is not None
-        latest = deadline - left
-        if now > latest:
-            self.flag(req, now)
-            return
-        req.key = (latest if sch.order is Order.LEAST_SLACK else deadline) + req.priority * sch.step
-
-    def late(self, req: Request, st: StageRuntime, worker: DeviceWorkers) -> bool:
-        """``st`` of ``req`` was just popped (worker thread): if the request can no longer meet
-        its deadline it is flagged, and when other stages wait on ``worker`` it goes back on the
-        heap behind those that still can (True: not to run now)."""
-        sch = self.scheduler
-        now = sch.monotonic()
-        rem = req.rem
-        deadline = req.deadline
-        assert deadline is not None
-        if now + (rem.get(st.sid, 0.0) if rem is not None else 0.0) <= deadline:
-            return False
-        self.flag(req, now)
-        if worker.queued:
-            worker.push(req, st)
-            return True
-        return False
-
-    def flag(self, req: Request, now: float) -> None:
-        """``req`` can no longer meet its deadline: flag and demote it (any thread)."""
-        sch = self.scheduler
-        req.flagged = True
-        req.key = now + sch.demotion() + req.priority * sch.step
+    def count_flagged(self, n: int) -> None:
+        """``n`` more (or fewer) of its requests judged unable to meet their deadline (any thread)."""
         with self._lock:
-            self.slo_flagged += 1
+            self.slo_flagged += n
 
     def request_ended(self, req: Request) -> None:
         """``req`` is finalized for good (any thread, under its lock): count it; the last one
