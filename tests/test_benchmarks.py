@@ -32,7 +32,8 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
                     {"train_energy_vs_performance", "train_energy_vs_best_static", "slowdown_vs_performance",
                      "throttle_events", "performance_throttled_s_min", "infer_energy_vs_performance",
                      "infer_energy_vs_kernel", "infer_extra_deadline_misses", "capped_throughput_vs_best_static",
-                     "cap_violations", "targets", "cases", "capped"}),
+                     "cap_violations", "targets", "cases", "capped", "train_energy_vs_frontier",
+                     "infer_energy_vs_frontier", "capped_throughput_vs_frontier"}),
     "governed_session.py": (["--frames", "20", "--boards", "rk3588"], {"summary", "boards", "targets"}),
     "governor_frontier.py": (["--quick", "--only", "orin-nx:infer"],
                              {"frontier_energy_vs_performance", "infer_frontier_energy_vs_kernel",
@@ -121,6 +122,10 @@ def test_benchmark_runs_and_reports_its_fields(name: str, tmp_path: Path) -> Non
             assert "error" in c or c["cap_violations"] is not None
         for target in result["targets"].values():
             assert set(target) == {"value", "target", "pass"}
+        # Each figure beside the frontier of the same twin, measured in the same run (issue 25).
+        assert case["frontier_energy_vs_performance"] > 0 and case["infer_energy_vs_frontier"] > 0
+        assert all(c["frontier_it_per_s"] > 0 and "capped_throughput_vs_frontier" in c for c in result["capped"])
+        assert result["targets"]["infer_energy_vs_frontier"]["target"] == "<= 1.02"
     if name == "governor_frontier.py":
         (case,) = result["cases"]
         assert case["runs"] and all(r["energy_vs_performance"] > 0 for r in case["runs"])

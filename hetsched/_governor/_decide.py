@@ -16,6 +16,12 @@ from ._tuner_config import TunerConfig
 
 __all__ = ["Decision", "DecisionInput", "GovernorConfig", "Reason", "decide", "switchable"]
 
+IDLE_SWITCH_SHARE = 0.5
+"""Without a budget, IDLE lowers a domain only if switching it back (one transition latency at
+the idle clock, at the start of the next phase) costs the next phase at most this share of the
+slowdown bound of its own length. Larger: more idle energy saved, more of the bound spent on
+the switch back; smaller: idle clocks left higher."""
+
 
 @dataclass(frozen=True)
 class GovernorConfig:
@@ -228,74 +234,89 @@ def decide(inp: DecisionInput) -> Decision:
 
     Locked domains are never written. Pure: no I/O.
     """
-    cfg = inp.config
-    current = inp.current
-    locked = inp.locked
     free = {
         name: spec
         for name, spec in inp.domains.items()
-        if name not in locked
-        and (name in inp.held or switchable(spec, inp.expected_phase_s, cfg.min_phase_factor))
+        if name not in inp.locked
+        and (name in inp.held or switchable(spec, inp.expected_phase_s, inp.config.min_phase_factor))
+    }
+    if inp.tuning_point is not None:
+        target = OperatingPoint.of({d: hz for d, hz in inp.tuning_point.items() if d not in inp.locked})
+        return Decision(inp.phase, target, _writes(target, inp.current, inp.locked), None, Reason.TUNING)
+    if inp.model is None and inp.follows_owner and inp.phase is not Phase.IDLE:
+        target = OperatingPoint.of(dict(inp.current))
+        return Decision(inp.phase, target, MappingProxyType({}), None, Reason.OWNER_CLOCKS)
+    if inp.model is None and (inp.phase is Phase.IDLE or inp.config.power_budget_w is not None):
+        return _lowest_clocks(inp, free)
+    if inp.model is None:
+        return _untuned(inp, free)
+    return _tuned(inp, inp.model, free)
+
+
+def _lowest_clocks(inp: DecisionInput, free: Mapping[str, DomainSpec]) -> Decision:
+    """IDLE, or an untuned phase under a budget: the lowest clocks (see :func:`decide`)."""
+    cfg = inp.config
+    current, locked = inp.current, inp.locked
+    # Idle: nothing runs, so the lowest clocks cost nothing, but only for domains the
+    # next phase can switch back up in time (else idle would slow the next request).
+    # Under a budget, an untuned phase has no power prediction yet: lowest is safe.
+    lower = free
+    if cfg.power_budget_w is not None and inp.expected_phase_s is None:
+        # Nothing is known yet, not even the phase's length: every domain to the floor.
+        lower = {n: s for n, s in inp.domains.items() if n not in locked}
+    if inp.phase is Phase.IDLE and cfg.power_budget_w is None:
+        lower = _idle_lowerable(free, inp.successor_expected_s, cfg)
+    target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
+                                **{d: spec.min_hz for d, spec in lower.items()}})
+    reason = Reason.IDLE_LOWEST if inp.phase is Phase.IDLE else Reason.BUDGET_LOWEST
+    writes = _writes(target, current, locked)
+    if cfg.power_budget_w is not None and inp.phase is not Phase.IDLE:
+        # Written even where the clock already reads lowest: a domain still under its
+        # kernel governor (idle, hence at its lowest when the governor started) is
+        # raised by that governor as soon as work arrives, past the budget.
+        writes = MappingProxyType({d: spec.min_hz for d, spec in lower.items()})
+    return Decision(inp.phase, target, writes, None, reason)
+
+
+def _idle_lowerable(free: Mapping[str, DomainSpec], successor_s: float | None,
+                    cfg: GovernorConfig) -> dict[str, DomainSpec]:
+    """The domains IDLE may lower without a budget: the next phase starts on the idle clock and
+    runs one transition latency before its own takes effect, allowed only where that costs it
+    at most :data:`IDLE_SWITCH_SHARE` of the slowdown bound."""
+    return {
+        d: spec for d, spec in free.items()
+        if switchable(spec, successor_s, cfg.min_phase_factor)
+        and successor_s is not None
+        and spec.transition_latency_s <= IDLE_SWITCH_SHARE * cfg.slowdown * successor_s
     }
 
-    if inp.tuning_point is not None:
-        target = OperatingPoint.of({d: hz for d, hz in inp.tuning_point.items() if d not in locked})
-        return Decision(inp.phase, target, _writes(target, current, locked), None, Reason.TUNING)
 
-    if inp.model is None and inp.follows_owner and inp.phase is not Phase.IDLE:
-        target = OperatingPoint.of(dict(current))
-        return Decision(inp.phase, target, MappingProxyType({}), None, Reason.OWNER_CLOCKS)
+def _untuned(inp: DecisionInput, free: Mapping[str, DomainSpec]) -> Decision:
+    """An untuned phase without a budget: the top clocks on the domains worth switching, or
+    every domain one step down while the power now is over the cap."""
+    cap, current, locked = inp.power_cap_w, inp.current, inp.locked
+    over = cap is not None and inp.power_now_w is not None and inp.power_now_w > cap
+    freqs = dict(current)
+    if not over:
+        # No model yet: run it fast (nothing is known to be safe to lower), as
+        # the performance governor would, on the domains worth switching.
+        freqs.update({d: spec.max_hz for d, spec in free.items()})
+    else:
+        for name, spec in inp.domains.items():
+            if name in locked or name not in current:
+                continue
+            step = spec.lower(current[name])
+            if step is not None:
+                freqs[name] = step
+    target = OperatingPoint.of(freqs)
+    reason = Reason.OVER_CAP_STEP_DOWN if over else Reason.TOP_CLOCKS
+    return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over, capped=over)
 
-    if inp.model is None and (inp.phase is Phase.IDLE or cfg.power_budget_w is not None):
-        # Idle: nothing runs, so the lowest clocks cost nothing, but only for domains the
-        # next phase can switch back up in time (else idle would slow the next request).
-        # Under a budget, an untuned phase has no power prediction yet: lowest is safe.
-        lower = free
-        if cfg.power_budget_w is not None and inp.expected_phase_s is None:
-            # Nothing is known yet, not even the phase's length: every domain to the floor.
-            lower = {n: s for n, s in inp.domains.items() if n not in locked}
-        if inp.phase is Phase.IDLE and cfg.power_budget_w is None:
-            # The next phase starts on the idle clock and runs one transition latency before
-            # its own takes effect: allowed only where that costs it at most half the
-            # slowdown bound (e.g. not a 0.3 ms A76 switch before a 2.6 ms preprocess).
-            succ = inp.successor_expected_s
-            lower = {
-                d: spec for d, spec in free.items()
-                if switchable(spec, succ, cfg.min_phase_factor)
-                and succ is not None
-                and spec.transition_latency_s <= 0.5 * cfg.slowdown * succ
-            }
-        target = OperatingPoint.of({**{d: hz for d, hz in current.items() if d not in lower},
-                                    **{d: spec.min_hz for d, spec in lower.items()}})
-        reason = Reason.IDLE_LOWEST if inp.phase is Phase.IDLE else Reason.BUDGET_LOWEST
-        writes = _writes(target, current, locked)
-        if cfg.power_budget_w is not None and inp.phase is not Phase.IDLE:
-            # Written even where the clock already reads lowest: a domain still under its
-            # kernel governor (idle, hence at its lowest when the governor started) is
-            # raised by that governor as soon as work arrives, past the budget.
-            writes = MappingProxyType({d: spec.min_hz for d, spec in lower.items()})
-        return Decision(inp.phase, target, writes, None, reason)
 
-    cap = inp.power_cap_w
-    model = inp.model
-    if model is None:
-        over = cap is not None and inp.power_now_w is not None and inp.power_now_w > cap
-        freqs = dict(current)
-        if not over:
-            # No model yet: run it fast (nothing is known to be safe to lower), as
-            # the performance governor would, on the domains worth switching.
-            freqs.update({d: spec.max_hz for d, spec in free.items()})
-        else:
-            for name, spec in inp.domains.items():
-                if name in locked or name not in current:
-                    continue
-                step = spec.lower(current[name])
-                if step is not None:
-                    freqs[name] = step
-        target = OperatingPoint.of(freqs)
-        reason = Reason.OVER_CAP_STEP_DOWN if over else Reason.TOP_CLOCKS
-        return Decision(inp.phase, target, _writes(target, current, locked), None, reason, not over, capped=over)
-
+def _tuned(inp: DecisionInput, model: PhaseModel, free: Mapping[str, DomainSpec]) -> Decision:
+    """A tuned phase: its tuned point if it fits the cap, else the best point that does."""
+    cfg = inp.config
+    current, locked = inp.current, inp.locked
     if cfg.power_budget_w is not None:
         # Filling a budget runs at its edge: predict from the point tuning measured.
         model = model.anchored()
@@ -312,22 +333,41 @@ def decide(inp: DecisionInput) -> Decision:
         # The tuned point, with any domain too slow to switch for this phase left where it
         # is (the model's cross terms are weakest far from its axes: keep what was measured).
         best = OperatingPoint.of({d: fixed.get(d, hz) for d, hz in best.items()})
-        budget = cfg.power_budget_w is not None
-        point_cap = cap
-        if best == model.best and model.best_measured is not None:
-            pred = model.predict(best)
-            pred = Measurement(pred.seconds, max(pred.power_w, model.best_measured.power_w))
-            # Measured, not predicted: it may use the budget up to the measured margin.
-            point_cap = inp.measured_cap_w if inp.measured_cap_w is not None else cap
-        else:
-            # Not the point that was measured: under a budget, the higher of the model's
-            # two power terms (a fixed clock's power is spread over a shorter phase).
-            pred = model.predict(best, conservative=budget)
-        if point_cap is None or pred.power_w + inp.power_bias_w <= point_cap:
+        pred = _tuned_point_fits(inp, model, best)
+        if pred is not None:
             target = _merge(current, best, locked)
             return Decision(inp.phase, target, _writes(target, current, locked), pred, Reason.TUNED_POINT)
-    # A budget is a constraint to fill (the most work within it); a thermal cap alone only
-    # bounds the least-energy point.
+    return _within_cap(inp, model, best, fixed)
+
+
+def _tuned_point_fits(inp: DecisionInput, model: PhaseModel, best: OperatingPoint) -> Measurement | None:
+    """The tuned point's predicted measurement if it fits its cap (None: it does not). The point
+    tuning measured may use the budget up to the measured margin; any other, under a budget,
+    is judged by the higher of the model's two power terms."""
+    cap = inp.power_cap_w
+    point_cap = cap
+    if best == model.best and model.best_measured is not None:
+        pred = model.predict(best)
+        pred = Measurement(pred.seconds, max(pred.power_w, model.best_measured.power_w))
+        # Measured, not predicted: it may use the budget up to the measured margin.
+        point_cap = inp.measured_cap_w if inp.measured_cap_w is not None else cap
+    else:
+        # Not the point that was measured: under a budget, the higher of the model's
+        # two power terms (a fixed clock's power is spread over a shorter phase).
+        pred = model.predict(best, conservative=inp.config.power_budget_w is not None)
+    if point_cap is None or pred.power_w + inp.power_bias_w <= point_cap:
+        return pred
+    return None
+
+
+def _within_cap(inp: DecisionInput, model: PhaseModel, best: OperatingPoint | None,
+                fixed: Mapping[str, int]) -> Decision:
+    """The best point within the cap, jointly over the free domains (:func:`choose`): under a
+    budget the fastest (a budget is a constraint to fill), else the least energy (a thermal cap
+    alone only bounds it). If it cannot fit with the slow domains held, every unlocked domain is
+    freed (safety over hysteresis)."""
+    cfg = inp.config
+    cap, current, locked = inp.power_cap_w, inp.current, inp.locked
     objective: Objective = "time" if cfg.power_budget_w is not None else "energy"
     ch = choose(model, slowdown=cfg.slowdown, power_cap_w=cap, fixed=fixed, power_bias_w=inp.power_bias_w,
                 objective=objective)

@@ -21,6 +21,10 @@ __all__ = ["PhaseLedger", "PowerMeter"]
 _EWMA_DURATION = 0.3
 _EWMA_BIAS = 0.2
 _POWER_SMOOTH_S = 1.0
+INPUT_RAIL_SHARE = 0.8
+"""The largest rail with an energy counter is taken for the board's input rail (it carries every
+other rail) only if it reads at least this share of the total power; else the meter integrates
+the power itself. Larger: a rail that misses part of the board is refused more often."""
 
 
 class PowerMeter:
@@ -93,7 +97,7 @@ class PowerMeter:
                 return None
             top = max(rails, key=lambda r: r.power_w or 0.0)
             # The input rail carries every other rail: it is the largest, and near the total.
-            if power is not None and (top.power_w or 0.0) < 0.8 * power:
+            if power is not None and (top.power_w or 0.0) < INPUT_RAIL_SHARE * power:
                 return None
             self._total_rail = top.name
         rail = snap.rails.get(self._total_rail)

@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 __all__ = ["RCFit", "ThermalGuard", "ThermalPrior", "ZoneWindow", "zone_power_cap"]
 
 _REACTIVE_BAND_C = 1.0
+REACTIVE_STEP = 0.95
+"""A zone within the reactive band of its limit caps the board at this fraction of the power
+now, at every tick until it stops rising: one step down per tick. Smaller: the zone cools
+sooner, the clocks dip deeper; larger: a slower descent that may overshoot the limit."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +213,8 @@ def zone_power_cap(
     A zone with a usable fit gets :meth:`RCFit.power_cap`. Otherwise, when its
     temperature extrapolated over the horizon (last window's slope) comes within
     ``reactive_band_c`` of the limit, the cap is the power now less ``1/r_prior`` W per
-    degree over. In every case, a zone already within the band caps at 95 % of the
-    power now (the governor keeps stepping down until the zone stops rising).
+    degree over. In every case, a zone already within the band caps at :data:`REACTIVE_STEP`
+    of the power now (the governor keeps stepping down until the zone stops rising).
     """
     best: float | None = None
     who: str | None = None
@@ -228,7 +232,7 @@ def zone_power_cap(
             if over > 0:
                 cap = power_now_w - over / r_prior_c_per_w
         if temp >= limit - reactive_band_c and power_now_w is not None:
-            reactive = power_now_w * 0.95
+            reactive = power_now_w * REACTIVE_STEP
             cap = reactive if cap is None else min(cap, reactive)
         if cap is not None and (best is None or cap < best):
             best, who = cap, zone
