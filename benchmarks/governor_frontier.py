@@ -20,7 +20,10 @@ Every candidate that is reported was then run in full (warm-up, window, switch l
 metered rail for caps): the figures are measured, the table only ranks candidates. Reported per
 case: the best verified energy / performance (training and frames; frames also / kernel), and for
 caps the per-phase frontier's throughput / the best static point's: the most any per-phase static
-policy reaches on this grid, to read beside governor.py's targets (0.85, 0.72 and 0.95, 1.05).
+policy reaches on this grid. ``benchmarks/governor.py`` runs :func:`case` for each of its cases in
+the same invocation and judges the governor relative to it (energy within 3 % of the frontier's
+for training, 2 % for inference; capped throughput at least 97 % of the better of the per-phase
+frontier and the best static point). Every figure is the twins' (a simulator), ``"figures": "modelled"``.
 This is a search over a coarsened grid, not a proof (a finer clock between grid levels can do
 a little better); it bounds per-phase static clocks on the twins' physics.
 
