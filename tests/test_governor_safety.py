@@ -428,6 +428,6 @@ def test_a_run_link_swapped_in_after_start_is_not_followed(tmp_path):
     os.symlink(outside, root / "run" / "hetsched")
     import pytest
 
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
         d.write("governor-state.json", {"phase": "idle"})
     assert list(outside.iterdir()) == []

@@ -157,7 +157,7 @@ def test_a_state_dir_that_links_out_of_the_root_is_never_followed(
     assert sd.probe().held is None
     with pytest.raises(SysfsError):
         sd.lock()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="outside the root"):
         sd.publish(STATE_FILE, {"phase": "idle"})
     sd.close(restored=True)
     assert _tree(outside) == files and dvfs_knobs(root) == before

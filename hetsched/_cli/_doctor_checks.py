@@ -8,6 +8,7 @@ with readings made up or read from a twin tree with the fault planted.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -249,7 +250,7 @@ def oscillation(series: Sequence[tuple[float, float | None]], *, min_swing_c: fl
             direction, ext = -direction, (t, v)
     if len(turns) < 3:
         return None
-    swings = [abs(b[1] - a[1]) for a, b in zip(turns, turns[1:], strict=False)]
+    swings = [abs(b[1] - a[1]) for a, b in itertools.pairwise(turns)]
     period = 2 * (turns[-1][0] - turns[0][0]) / (len(turns) - 1)
     return len(turns), sum(swings) / len(swings), period
 

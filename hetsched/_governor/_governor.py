@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -114,11 +114,7 @@ class Governor:
             from ._sysfs import SysfsPort
 
             port = SysfsPort(root, clock=clock)
-        loaded: GovernorProfile | None
-        if profile is None or isinstance(profile, GovernorProfile):
-            loaded = profile
-        else:
-            loaded = GovernorProfile.load(profile)
+        loaded = profile if profile is None or isinstance(profile, GovernorProfile) else GovernorProfile.load(profile)
         self.strict = strict
         self.tick_period_s = tick_period_s
         self.handle_signals = handle_signals
@@ -221,10 +217,8 @@ class Governor:
         warnings.warn(
             f"hetsched governor running ungoverned (strict=False): {exc}", GovernorWarning, stacklevel=4
         )
-        try:
+        with suppress(SysfsPermissionError):
             self._engine.close()
-        except SysfsPermissionError:
-            pass
         self._engine.go_ungoverned(str(exc))
 
     # -- sync context manager ----------------------------------------------------------

@@ -23,6 +23,7 @@ acquirer, once it has the lock, checks that the name still leads to the inode it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -168,10 +169,8 @@ class RootLock:
             os.pwrite(fd, data, 0)
         except BaseException:
             if fd >= 0:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
             raise
         return cls(fs, d, fd)
 
@@ -197,10 +196,8 @@ class RootLock:
 
     def __del__(self) -> None:
         # A governor dropped without close: the kernel would drop the lock at exit anyway.
-        try:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
             self.release()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
 
 
 @dataclass(frozen=True)

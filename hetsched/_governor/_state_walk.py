@@ -12,6 +12,7 @@ in a copied tree, a link swapped into ``run/`` after the governor started) is re
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -133,10 +134,8 @@ class RunDir:
         assert fd is not None
         try:
             tmp = f".{name}.{os.getpid()}.tmp"
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=fd)
-            except FileNotFoundError:
-                pass
             out = os.open(tmp, _NEW_FLAGS, 0o644, dir_fd=fd)
             try:
                 view = memoryview(data)
@@ -177,10 +176,8 @@ class RunDir:
 
     def remove_if_empty(self) -> None:
         """Remove ``run/hetsched`` itself when nothing is left in it (another governor's files stay)."""
-        try:
+        with contextlib.suppress(OSError):
             self._rmdir(len(self._parts))
-        except OSError:
-            pass
 
     def tidy(self) -> None:
         """Remove the directories this one made, if they are empty again (a tree as it was)."""
