@@ -162,8 +162,10 @@ async def stream_requests(session: object, feeds: dict, n: int, progress: Progre
 def modelled_rows(session: Any) -> list[dict]:
     rows = []
     devices = {st.name: st.device for st in session.plan.stages}
+    from hetsched.backends.sim import SimStageStatistics
+
     for name, x in session.stage_statistics().items():
-        if x is None or not hasattr(x, "modelled_time_s"):
+        if not isinstance(x, SimStageStatistics):
             continue  # a stage that runs for real models no time or energy
         if x.runs:
             rows.append({"stage": name, "device": devices[name], "runs": x.runs,
@@ -272,7 +274,9 @@ async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict
         summary["modelled"] = modelled
     st = s.statistics()
     summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
-                          "reasons": dict(st.replanning.reasons)}
+                          "reasons": dict(st.replanning.reasons),
+                          "history": [{"number": r.number, "reason": r.reason, "moved_units": r.moved_units,
+                                       "seconds": r.seconds} for r in st.replanning.history]}
     summary["energy_j"] = st.energy_j
     summary["energy_per_request_j"] = None
     if st.energy_j is not None and summary["requests"]:

@@ -15,7 +15,8 @@ JSON::
 The models are attached to one :class:`hetsched.Runtime` (one set of device workers; every
 device's queue orders all models' stages by priority class, then deadline) with each model's SLO
 as its session's ``slo_s``, and served for ``--duration`` seconds after ``--warmup`` requests
-each; ``--independent`` serves them with one private Session each instead (today's way: one
+each (and its priority as the session's: joint placement places the urgent models first and
+the others knowing their load); ``--independent`` serves them with one private Session each instead (today's way: one
 worker set per model). On a twin's devices they share the simulated board
 (``hetsched/_twin/contention.py``). Reported per model: ``requests``, ``latency_ms``
 percentiles (host wall time), ``slo_satisfaction`` (the fraction of its requests due in the run
@@ -217,22 +218,13 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, int(q * len(s)))] * 1e3
 
 
-def _modelled_ms(session: Any) -> float | None:
-    """The twin's modelled board ms of one request: each simulated stage's mean modelled time, summed
-    (None where no stage is simulated)."""
-    total, any_modelled = 0.0, False
-    for x in session.stage_statistics().values():
-        if x is not None and hasattr(x, "modelled_time_s") and x.runs:
-            total += x.modelled_time_s / x.runs * 1e3
-            any_modelled = True
-    return total if any_modelled else None
-
-
-def _model_summary(served: _Served, session: Any, duration: float, energy0: float | None) -> dict[str, Any]:
+def _model_summary(served: _Served, session: Any, duration: float, energy0: float | None,
+                   busy0: float) -> dict[str, Any]:
     lat = served.latencies
     st = session.statistics()
     energy = None if st.energy_j is None or energy0 is None else st.energy_j - energy0
-    modelled = _modelled_ms(session)
+    busy = sum(st.device_busy_s.values()) - busy0  # the stages' modelled board seconds (where modelled)
+    modelled = busy / len(lat) * 1e3 if busy > 0 and lat else None
     out: dict[str, Any] = {
         "model": served.load.model, "rate": served.load.rate_hz, "priority": served.load.priority.name.lower(),
         "slo_ms": None if served.load.slo_s is None else served.load.slo_s * 1e3,
@@ -260,21 +252,26 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
     async with contextlib.AsyncExitStack() as stack:
         rt = None if args.independent else await stack.enter_async_context(
             Runtime(devices=devices, root=args.root or "/"))
-        sessions = []
-        for load, name in zip(loads, _names(loads), strict=True):
+        names = _names(loads)
+        opened: dict[int, tuple[Any, dict[str, Any]]] = {}
+        # the most urgent first: each next model is placed knowing the load of those before it
+        for i in sorted(range(len(loads)), key=lambda i: loads[i].priority):
+            load, name = loads[i], names[i]
             model = resolve_model_arg(load.model)
             session = (Session(model, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
                                root=args.root or "/", name=name) if rt is None else
                        Session(model, runtime=rt, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
-                               slo_s=load.slo_s, name=name))
+                               slo_s=load.slo_s, priority=load.priority, name=name))
             s = await stack.enter_async_context(session)
             feeds = random_feeds(s.get_inputs())
             for _ in range(args.warmup):
                 await s.run(feeds, priority=load.priority)
-            sessions.append((s, feeds))
+            opened[i] = (s, feeds)
+        sessions = [opened[i] for i in range(len(loads))]
         threads = threading.active_count()
         served = [_Served(load, []) for load in loads]
         energy0 = [s.statistics().energy_j for s, _ in sessions]
+        busy0 = [sum(s.statistics().device_busy_s.values()) for s, _ in sessions]
         until = time.perf_counter() + duration
         with anyio.move_on_after(duration * 2 + 5):  # open-loop stragglers past the end are cut
             async with anyio.create_task_group() as tg:
@@ -284,12 +281,12 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
             "mode": "independent sessions" if rt is None else "one runtime",
             "duration_s": duration, "warmup_requests": args.warmup,
             "worker_threads": threads - threads0,
-            "models": [_model_summary(sv, s, duration, e0)
-                       for sv, (s, _), e0 in zip(served, sessions, energy0, strict=True)],
+            "models": [_model_summary(sv, s, duration, e0, b0)
+                       for sv, (s, _), e0, b0 in zip(served, sessions, energy0, busy0, strict=True)],
         }
         if rt is not None:
             split = rt.statistics().energy_split_j
-            for m, name in zip(out["models"], _names(loads), strict=True):
+            for m, name in zip(out["models"], names, strict=True):
                 m["board_energy_split_j"] = split.get(name)
         return out
 
