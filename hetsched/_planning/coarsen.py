@@ -29,28 +29,34 @@ __all__ = ["coarsen", "dominant_device"]
 _REL_EPS = 1e-9
 
 
-def _groups(problem: PlacementProblem, assignment: Mapping[int, str]) -> list[tuple[float, list[int]]]:
+def _groups(problem: PlacementProblem, assignment: Mapping[int, str], pos: Mapping[int, int] | None = None,
+            ) -> list[tuple[float, list[int]]]:
     """Connected groups of units on one device with their compute there, cheapest first (ties: by
-    first unit)."""
+    first unit). ``pos``: each unit id's position in ``problem.units`` (computed when not given)."""
     units = problem.units
-    parent = {u.id: u.id for u in units}
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for u in units:
+    if pos is None:
+        pos = {u.id: i for i, u in enumerate(units)}
+    parent = list(range(len(units)))  # union-find over positions: list indexing, no dict per lookup
+    for i, u in enumerate(units):
         here = assignment[u.id]
         for s in u.succs:
             if assignment[s] == here:
-                a, b = find(u.id), find(s)
+                a = i
+                while parent[a] != a:
+                    parent[a] = parent[parent[a]]
+                    a = parent[a]
+                b = pos[s]
+                while parent[b] != b:
+                    parent[b] = parent[parent[b]]
+                    b = parent[b]
                 if a != b:
                     parent[max(a, b)] = min(a, b)
     groups: dict[int, list[int]] = {}
-    for u in units:
-        groups.setdefault(find(u.id), []).append(u.id)
+    for i, u in enumerate(units):
+        r = i
+        while parent[r] != r:
+            r = parent[r]
+        groups.setdefault(r, []).append(u.id)
     cost = problem.cost
     out = []
     for g in groups.values():
@@ -111,6 +117,7 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
                 out[u.id] = everything
         return out, left
     units = {u.id: u for u in problem.units}
+    pos = {u.id: i for i, u in enumerate(problem.units)}
     cost = problem.cost
     edges = problem.edges
     links = problem.links
@@ -147,11 +154,16 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
             total += edges.get((u, s), 0.0) * lat_spb[1]
         return total
 
+    as_set: dict[tuple[str, ...], frozenset[str]] = {}  # units share their candidate tuples
+
     def group_cands(group: Sequence[int]) -> frozenset[str]:
         targets: frozenset[str] | None = None
         for uid in group:
             cands = units[uid].candidates
-            targets = frozenset(cands) if targets is None else targets & frozenset(cands)
+            got = as_set.get(cands)
+            if got is None:
+                got = as_set[cands] = frozenset(cands)
+            targets = got if targets is None else targets & got
             if len(targets) <= 1:
                 break
         return targets or frozenset()
@@ -212,7 +224,7 @@ def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Ma
     dirty: set[int] | None = None  # units whose group's surroundings changed (None: all, first sweep)
     for _ in range(max_sweeps):
         moved: set[int] = set()
-        found = _groups(problem, out)
+        found = _groups(problem, out, pos)
         groups = [g for _, g in found]
         gsum.clear()
         gid: dict[int, int] = {}
