@@ -130,8 +130,9 @@ def test_a_saved_file_whose_lock_is_held_is_refused_unless_forced(board: tuple[P
 
 
 def _outside_with_files(tmp_path: Path) -> Path:
-    outside = tmp_path / "host-run-hetsched"
-    outside.mkdir()
+    """A host's ``/run/hetsched`` with a live governor's files (what a link would lead to)."""
+    outside = tmp_path / "host-run" / "hetsched"
+    outside.mkdir(parents=True)
     (outside / STATE_FILE).write_text(json.dumps({"pid": os.getpid(), "phase": "forward"}))
     (outside / SAVED_FILE).write_text(json.dumps({"pid": DEAD_PID, "knobs": {}}))
     return outside
@@ -150,6 +151,7 @@ def test_a_state_dir_that_links_out_of_the_root_is_never_followed(
     files = _tree(outside)
     (root / link).parent.mkdir(parents=True, exist_ok=True)
     os.symlink(outside if link == RUN_DIR else outside.parent, root / link)
+    assert json.loads((root / RUN_DIR / STATE_FILE).read_text())["phase"] == "forward"  # reachable if followed
     sd = StateDir(SysfsRoot(root))
     pub = sd.read()
     assert pub.state is None and pub.saved is None  # the outside files are not read
@@ -161,6 +163,7 @@ def test_a_state_dir_that_links_out_of_the_root_is_never_followed(
         sd.publish(STATE_FILE, {"phase": "idle"})
     sd.close(restored=True)
     assert _tree(outside) == files and dvfs_knobs(root) == before
+    assert sorted(p.name for p in outside.parent.iterdir()) == ["hetsched"]
 
 
 def test_a_link_at_the_state_files_name_is_not_followed(board: tuple[Path, dict[str, bytes]]) -> None:
