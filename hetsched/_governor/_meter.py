@@ -19,8 +19,14 @@ from ._statistics import PhaseStatistics
 __all__ = ["PhaseLedger", "PowerMeter"]
 
 _EWMA_DURATION = 0.3
+"""Weight of the newest run in a phase's expected length. Larger: follows a changed workload
+sooner, and one slow run moves the switching decisions more."""
 _EWMA_BIAS = 0.2
+"""Weight of the newest error in a phase's power-model bias. Larger: follows a warming board
+sooner, and noise reaches the cap decisions more."""
 _POWER_SMOOTH_S = 1.0
+"""Time constant of the smoothed board power (``smooth_w``). Longer: steadier, slower to show a
+change."""
 INPUT_RAIL_SHARE = 0.8
 """The largest rail with an energy counter is taken for the board's input rail (it carries every
 other rail) only if it reads at least this share of the total power; else the meter integrates

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["RCFit", "ThermalGuard", "ThermalPrior", "ZoneWindow", "zone_power_cap"]
 
 _REACTIVE_BAND_C = 1.0
+"""A zone without a usable fit is capped once its temperature, extrapolated over the horizon,
+comes within this of its limit. Wider: caps earlier and more often; narrower: later, closer
+to the limit."""
 REACTIVE_STEP = 0.95
 """A zone within the reactive band of its limit caps the board at this fraction of the power
 now, at every tick until it stops rising: one step down per tick. Smaller: the zone cools
