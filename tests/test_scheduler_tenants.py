@@ -349,6 +349,19 @@ async def test_weights_share_the_device_among_equal_requests_of_backlogged_tenan
     assert [r for n, r in board.log.order if n == "B"] == [100 + i for i in range(8)]
 
 
+async def test_fair_tags_are_kept_per_class_so_a_tenants_bulk_never_delays_its_urgent_requests(
+        board: _Board) -> None:
+    """A queues 8 BACKGROUND requests (its BACKGROUND fair tags run 160 ms ahead), B one; A's HIGH
+    request admitted at the same instant still goes before every BACKGROUND one (aging_s 10 ms)."""
+    blocker_tenant = board.attach("C", cost_s=0.0, weight=1e-9)
+    a, b = board.attach("A", cost_s=0.01), board.attach("B", cost_s=0.01)
+    jobs = [(a, board.request(a, Priority.BACKGROUND, i)) for i in range(8)]
+    jobs.append((b, board.request(b, Priority.BACKGROUND, 100)))
+    jobs.append((a, board.request(a, Priority.HIGH, 50)))
+    await _serve_in_order(board, jobs, (blocker_tenant, board.request(blocker_tenant, Priority.NORMAL, -1)))
+    assert board.log.order[0] == ("A", 50)
+
+
 async def test_a_tenant_alone_keeps_admission_order(board: _Board) -> None:
     a = board.attach("A", cost_s=0.01)
     blocker = board.request(a, Priority.NORMAL, -1)

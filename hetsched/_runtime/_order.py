@@ -31,8 +31,8 @@ The heap key of a stage (a float; smaller runs first) is a *class term* plus a *
 * **Requests without SLO** order by admission, as if their deadline were their admission
   time. With several tenants attached, a request's time term is a *start tag* of weighted
   fair queuing in seconds (Zhang's VirtualClock with each tenant's rate its share of the
-  active tenants' weights): ``start = max(now, finish[tenant])``,
-  ``finish[tenant] = start + cost / share``, ``share = weight / sum(weights of tenants with
+  active tenants' weights), kept per tenant and class: ``start = max(now, finish[tenant, class])``,
+  ``finish[tenant, class] = start + cost / share``, ``share = weight / sum(weights of tenants with
   requests in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
   tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order.
 * **Aging** is today's: a request that waited ``aging_s`` longer than another of the next
@@ -81,7 +81,7 @@ def admit(tenant: Tenant, req: Request) -> None:
     step = sch.step
     if slo is None:
         if sch.shared:
-            req.key = fair_tag(tenant, now, req.program) + req.priority * step
+            req.key = fair_tag(tenant, now, req.priority, req.program) + req.priority * step
         else:
             req.key = now + req.priority * step
         return
@@ -138,14 +138,17 @@ def remaining(tenant: Tenant, program: Program) -> dict[int, float]:
     return rem
 
 
-def fair_tag(tenant: Tenant, now: float, program: Program) -> float:
-    """The start tag of weighted fair queuing (see the module docstring); any thread."""
+def fair_tag(tenant: Tenant, now: float, priority: int, program: Program) -> float:
+    """The start tag of weighted fair queuing in ``priority``'s class (see the module docstring;
+    one finish tag per tenant and class: a tenant's bulk never delays its own urgent requests);
+    any thread."""
     cost = max(_MIN_COST_S, sum(estimate(tenant, st) for st in program.stages))
     sch = tenant.scheduler
+    tags = tenant.finish_tags
     with sch.fair_lock:
         active = sum(t.weight for t in sch.tenants() if t.live > 0 or t is tenant)
-        start = max(now, tenant.finish_tag)
-        tenant.finish_tag = start + cost * active / tenant.weight
+        start = max(now, tags.get(priority, 0.0))
+        tags[priority] = start + cost * active / tenant.weight
     return start
 
 

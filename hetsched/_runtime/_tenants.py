@@ -128,8 +128,8 @@ class Tenant:
         self.busy: dict[str, float] = {}
         """Per device, busy seconds (updated by the stage runner under its lock)."""
         self.stage_runs = 0
-        self.finish_tag = 0.0
-        """Its last fair-queuing finish tag (``_order.fair_tag``)."""
+        self.finish_tags: dict[int, float] = {}
+        """Per priority class, its last fair-queuing finish tag (``_order.fair_tag``)."""
         self.requests = 0
         self.completed = 0
         self.failed = 0
