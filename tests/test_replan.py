@@ -404,3 +404,22 @@ async def test_background_compile_serves_at_once_then_switches_to_the_slow_devic
         async with Session(_chain(), devices=[devices[1]], adaptation=hetsched.Adaptation(background_compile=True)) as s:
             assert {st.device for st in s.plan.stages} == {"npuish"}
             assert (await s.wait_planned()) is s.plan
+
+
+@pytest.mark.anyio
+async def test_statistics_name_every_replan_and_count_kinds_not_prose(anyio_backend: str) -> None:
+    """Issue 24: the statistics name each re-plan (a run's summary can list them); the kind a
+    re-plan is counted under is what triggered it, never parsed out of its reason's text."""
+    with FakeBackend("fake-hist"):
+        devices = [fake_device("a", backend="fake-hist"), fake_device("b", backend="fake-hist")]
+        async with Session(_chain(), devices=devices) as s:
+            for reason in ("first", "thermal: not really", "third"):
+                await s.replan(reason=reason)
+            await s.profile({"x": _x(1)}, repeats=1)
+            stats = s.statistics().replanning
+    assert [r.reason for r in stats.history] == ["first", "thermal: not really", "third",
+                                                 "profile: measured every unit"]
+    assert [r.number for r in stats.history] == [1, 2, 3, 4]
+    assert all(r.seconds is not None and r.seconds >= 0 for r in stats.history)
+    assert stats.reasons == {"requested": 3, "profile": 1}  # "thermal: ..." was asked for, not measured
+    assert stats.replans == 4 and stats.errors == ()

@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetsched
 from hetsched import Adaptation, Memory, Priority, Runtime, RuntimeStateError, Scheduling, Session
+from hetsched.lowlevel import SystemClock
 from hetsched.testing import dvfs_knobs
 
 pytestmark = pytest.mark.anyio
@@ -229,7 +230,7 @@ async def test_a_session_on_a_runtime_refuses_what_belongs_to_the_runtime(anyio_
         with pytest.raises(ValueError, match="governor"):
             Session(_chain(), runtime=rt, governor=object())
         with pytest.raises(ValueError, match="clock"):
-            Session(_chain(), runtime=rt, clock=hetsched.lowlevel.SystemClock())
+            Session(_chain(), runtime=rt, clock=SystemClock())
         with pytest.raises(hetsched.DeviceSpecError, match="cpu:1"):
             async with Session(_chain(), runtime=rt, devices=["cpu:1"]):
                 pass

@@ -33,7 +33,15 @@ from .._runtime._failover import Failover
 from .._runtime._generation import Generation
 from .._runtime._tenants import Tenant
 from .._runtime._workers import close_states
-from ._replan import ReplanFlags, Replanning, ReplanStatistics, decide_replan, drift_reason
+from ._replan import (
+    ReplanFlags,
+    ReplanKind,
+    Replanning,
+    ReplanStatistics,
+    Trigger,
+    decide_replan,
+    drift_reason,
+)
 
 __all__ = ["Adapter"]
 
@@ -43,11 +51,6 @@ InstallFn = Callable[[Any, Any, Callable[[Generation], None]], None]
 """``install(plan, stages, on_drained)`` on the event loop."""
 SampleFn = Callable[[], Mapping[str, DeviceState] | None]
 """One sample of the board's device states (blocking); None: the root has no telemetry."""
-
-
-def _kind(reason: str) -> str:
-    head = reason.split(":", 1)[0].strip()
-    return head if head in ("thermal", "power", "drift", "failure", "profile", "placement") else "requested"
 
 
 class Adapter:
@@ -115,7 +118,7 @@ class Adapter:
 
         async def run() -> None:
             try:
-                await self.replan(reason)
+                await self.replan(reason, kind=ReplanKind.BACKGROUND_COMPILE)
             except HetschedError:
                 pass  # counted in statistics(); the opening plan keeps serving
             finally:
@@ -150,16 +153,18 @@ class Adapter:
 
     # -- re-planning --------------------------------------------------------------------------
 
-    async def replan(self, reason: str, *, use_costs: bool = False, sample: bool = True) -> Any:
+    async def replan(self, reason: str, *, kind: ReplanKind = ReplanKind.REQUESTED, use_costs: bool = False,
+                     sample: bool = True) -> Any:
         """Build, compile and install a new plan (see the module docstring); returns it.
 
         :raises PlacementError, PartitionError, CompileError: no plan could be made (the
             previous one stays in place).
         """
         async with self._lock:
-            return await self._replan_locked(reason, use_costs=use_costs, sample=sample)
+            return await self._replan_locked(reason, kind, use_costs=use_costs, sample=sample)
 
-    async def _replan_locked(self, reason: str, *, use_costs: bool = False, sample: bool = True) -> Any:
+    async def _replan_locked(self, reason: str, kind: ReplanKind, *, use_costs: bool = False,
+                             sample: bool = True) -> Any:
         t0 = self._perf()
         if sample and self.config is not None:
             states = await anyio.to_thread.run_sync(self._sample)
@@ -180,7 +185,6 @@ class Adapter:
         moved = sum(1 for u, d in plan.placement.assignment.items() if old_assignment.get(u) not in (None, d))
         self._number += 1
         self._replans += 1
-        kind = _kind(reason)
         self._reasons[kind] = self._reasons.get(kind, 0) + 1
         self._last_reason = reason
         self._last_replan = self._perf()
@@ -308,7 +312,7 @@ class Adapter:
             async with self._lock:
                 if self.failover is not None and self.failover.settled(device):
                     return  # a re-plan under way when it failed made its plan without it already
-                await self._replan_locked(f"failure: {reason}", sample=False)
+                await self._replan_locked(f"failure: {reason}", ReplanKind.FAILURE, sample=False)
         except HetschedError:
             assert self.failover is not None
             fail, again = self.failover.failed(device)
@@ -367,18 +371,19 @@ class Adapter:
             if self._lock.locked() or self._perf() - self._last_replan < config.min_interval_s:
                 continue
             states = await anyio.to_thread.run_sync(self._sample)
-            reason = None
+            trigger: Trigger | None = None
             if states:
                 used = frozenset(st.device for st in self._scheduler.stages)
-                self._flags, reason = decide_replan(config, self._flags, states, used)
+                self._flags, trigger = decide_replan(config, self._flags, states, used)
             use_costs = False
-            if reason is None:
-                reason = drift_reason(config, *self._drift_inputs(), elapsed_s=self._perf() - started)
-                use_costs = reason is not None
-            if reason is None:
+            if trigger is None:
+                drift = drift_reason(config, *self._drift_inputs(), elapsed_s=self._perf() - started)
+                trigger = Trigger(ReplanKind.DRIFT, drift) if drift is not None else None
+                use_costs = trigger is not None
+            if trigger is None:
                 continue
             try:
-                await self.replan(reason, use_costs=use_costs)
+                await self.replan(trigger.reason, kind=trigger.kind, use_costs=use_costs)
             except HetschedError:
                 pass  # counted in statistics(); the plan in place keeps serving
 

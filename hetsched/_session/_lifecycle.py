@@ -38,6 +38,7 @@ from ._adapt import Adapter
 from ._core import SessionCore
 from ._feeds import STATIC_SHAPE_BACKENDS, FeedChecker, require_fixed_shapes
 from ._options import Adaptation, Memory, Scheduling
+from ._replan import ReplanKind
 from ._runtime import Runtime
 from ._setup import (
     CompileEvents,
@@ -325,7 +326,7 @@ class Lifecycle:
         adapter = self.adapter
         if adapter is None or not self.core.is_open:
             raise RuntimeStateError("the session is not open")
-        plan: Plan = await adapter.replan(reason, use_costs=True)
+        plan: Plan = await adapter.replan(reason, kind=ReplanKind.PLACEMENT, use_costs=True)
         return plan
 
     def require_index(self) -> GraphIndex:

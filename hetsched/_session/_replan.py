@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from hetsched.policies import DeviceState
 
+from .._compat import StrEnum
 from .._events import ReplanInfo
 
 __all__ = ["ReplanFlags", "Replanning", "ReplanStatistics", "decide_replan", "drift_reason"]
@@ -70,6 +71,34 @@ class Replanning:
             raise ValueError(f"Replanning.min_interval_s must be >= 0, got {self.min_interval_s!r}")
 
 
+class ReplanKind(StrEnum):
+    """What made a session re-plan (the keys of :attr:`ReplanStatistics.reasons`). Each trigger
+    names its kind; nothing is inferred from a reason's text."""
+
+    REQUESTED = "requested"
+    """``Session.replan()`` (or ``Runtime.replace()``'s caller)."""
+    THERMAL = "thermal"
+    POWER = "power"
+    DRIFT = "drift"
+    """A stage's measured time left its estimate (``Replanning.drift_factor``)."""
+    FAILURE = "failure"
+    """A device was quarantined after repeated failures."""
+    PROFILE = "profile"
+    """``Session.profile()`` measured every unit."""
+    PLACEMENT = "placement"
+    """``Runtime.replace()``: joint placement with the other sessions' load."""
+    BACKGROUND_COMPILE = "background compile"
+    """The devices left out of the opening plan (``Adaptation.background_compile``) are ready."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Why to re-plan: the kind (for counting) and a sentence (for humans)."""
+
+    kind: ReplanKind
+    reason: str
+
+
 @dataclass(frozen=True)
 class ReplanFlags:
     """The trigger state at the last plan: which devices were hot, whether power was tight."""
@@ -86,8 +115,8 @@ class ReplanStatistics:
     """Plans installed while serving (the opening plan not counted)."""
     last_reason: str | None = None
     reasons: Mapping[str, int] = field(default_factory=dict)
-    """Re-plans per trigger kind (``"requested"``, ``"thermal"``, ``"power"``, ``"drift"``,
-    ``"failure"``, ``"profile"``)."""
+    """Re-plans per trigger kind (a :class:`ReplanKind`, a ``str``: ``"requested"``, ``"thermal"``,
+    ``"power"``, ``"drift"``, ``"failure"``, ``"profile"``, ``"placement"``, ``"background compile"``)."""
     failed: int = 0
     """Re-plans that found no plan (the previous plan stayed in place)."""
     last_error: str | None = None
@@ -99,8 +128,8 @@ class ReplanStatistics:
 
 
 def decide_replan(config: Replanning, flags: ReplanFlags, states: Mapping[str, DeviceState],
-                  used: frozenset[str] | None = None) -> tuple[ReplanFlags, str | None]:
-    """The flags for ``states`` and the reason to re-plan (None: keep the plan).
+                  used: frozenset[str] | None = None) -> tuple[ReplanFlags, Trigger | None]:
+    """The flags for ``states`` and the trigger to re-plan (None: keep the plan).
 
     ``used``: the devices the plan runs stages on; a device becoming hot re-plans only if
     the plan uses it, a device cooling down always (it may take work back). Pure.
@@ -129,11 +158,13 @@ def decide_replan(config: Replanning, flags: ReplanFlags, states: Mapping[str, D
     new = ReplanFlags(frozenset(hot), tight)
     if heated:
         detail = ", ".join(f"{n} {states[n].temp_headroom:.2f}" for n in sorted(heated))
-        return new, f"thermal: temperature headroom below {config.temp_low:.2f} on {detail}"
+        return new, Trigger(ReplanKind.THERMAL,
+                            f"thermal: temperature headroom below {config.temp_low:.2f} on {detail}")
     if cooled:
         detail = ", ".join(f"{n} {states[n].temp_headroom:.2f}" for n in sorted(cooled))
-        return new, f"thermal: temperature headroom back above {config.temp_high:.2f} on {detail}"
-    return new, power_reason
+        return new, Trigger(ReplanKind.THERMAL,
+                            f"thermal: temperature headroom back above {config.temp_high:.2f} on {detail}")
+    return new, Trigger(ReplanKind.POWER, power_reason) if power_reason is not None else None
 
 
 def drift_reason(config: Replanning, estimates: Mapping[str, float], measured: Mapping[str, tuple[float, int]],

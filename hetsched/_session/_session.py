@@ -48,7 +48,7 @@ from ._feeds import random_feeds
 from ._lifecycle import Lifecycle
 from ._options import Adaptation, Memory, Scheduling
 from ._profiling import profile_units
-from ._replan import ReplanStatistics
+from ._replan import ReplanKind, ReplanStatistics
 from ._runtime import Runtime
 from ._setup import compile_counters
 from ._statistics import SessionStatistics, energy_fields
@@ -321,7 +321,7 @@ class Session:
         self._core.require_open("replan()")
         adapter = self._life.adapter
         assert adapter is not None
-        plan: Plan = await adapter.replan(reason, use_costs=use_costs)
+        plan: Plan = await adapter.replan(reason, use_costs=use_costs)  # ReplanKind.REQUESTED
         return plan
 
     # -- public API -------------------------------------------------------------------
@@ -559,5 +559,8 @@ class Session:
         measure = functools.partial(profile_units, perf_counter=self._clock.perf_counter)
         await anyio.to_thread.run_sync(measure, index, plan, checked, repeats, self.costs, progress)
         # re-placed with the measurements while serving (other sessions of a shared runtime too)
-        await self.replan(reason="profile: measured every unit", use_costs=True)
+        self._core.require_open("profile()")
+        adapter = self._life.adapter
+        assert adapter is not None
+        await adapter.replan("profile: measured every unit", kind=ReplanKind.PROFILE, use_costs=True)
         return self.costs
