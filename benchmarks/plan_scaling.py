@@ -27,7 +27,12 @@ configuration's best times and its stage count are in ``detail``; ``growth_10x =
 seconds_1k``. Targets (issue 24): ``seconds_1k <= 0.05``, ``seconds_10k <= 0.3`` (moonshot 0.2)
 and ``growth_10x <= 12``; ``meets_target`` judges the CPU medians (a loaded host only adds wall
 time), ``meets_target_wall`` the wall medians. 116-135 stages at 1k before stages had to pay for
-their boundaries. The last line printed is one JSON object.
+their boundaries. On the three CPU devices ``cpu:0-1`` is at least as fast as the others for
+every unit, so the stage fold moves everything there at once (``coarsen.dominant_device``).
+Beside the targets (``no_dominant_device_cpu_seconds``; ``mixed_rk3588_*`` in ``detail``): the
+same DAG with about one unary op in 20 a ``Round``, on the RK3588 twin's devices (NPU and three
+CPU clusters, a labelled simulator's device set; only planned here), where no device is, so the
+fold sweeps. The last line printed is one JSON object.
 
 Usage: ``python benchmarks/plan_scaling.py [--repeats N] [--sizes 1000 10000]``
 """
@@ -47,7 +52,8 @@ import onnx
 from _labels import host, labelled, measured
 from onnx import TensorProto, helper
 
-from hetsched import load_model, resolve_devices
+from hetsched import Device, load_model, resolve_devices
+from hetsched.backends.sim import twin_devices
 from hetsched.lowlevel import GraphIndex, build_plan
 
 F = TensorProto.FLOAT
@@ -109,16 +115,29 @@ def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], outputs: 
     return model
 
 
+def mixed(n: int, seed: int = 0) -> onnx.ModelProto:
+    """``dag`` with about one unary op in 20 a ``Round`` (which the RK3588 NPU does not run)."""
+    model = dag(n, seed)
+    rng = random.Random(seed + 1)
+    for node in model.graph.node:
+        if node.op_type in ("Relu", "Sigmoid", "Neg", "Tanh") and rng.random() < 0.15:
+            node.op_type = "Round"
+    return model
+
+
 SHAPES = {"chain": chain, "dag": dag}
 POLICIES = ("power-thermal", "heft")
 
 
-def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
-    devices = resolve_devices(["cpu:0", "cpu:1", "cpu:0-1"], available_cpus=[0, 1])
+def measure(sizes: list[int], repeats: int, shapes: dict[str, Any] | None = None,
+            devices: list[Device] | None = None) -> dict[str, Any]:
+    if devices is None:
+        devices = resolve_devices(["cpu:0", "cpu:1", "cpu:0-1"], available_cpus=[0, 1])
+    shapes = SHAPES if shapes is None else shapes
     detail: dict[str, Any] = {}
     worst: dict[int, float] = {}
     worst_cpu: dict[int, float] = {}
-    for shape, make in SHAPES.items():
+    for shape, make in shapes.items():
         for n in sizes:
             model = load_model(make(n))  # checked + shape-inferred: not timed
             t0 = time.perf_counter()
@@ -147,7 +166,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                 }
                 worst[n] = max(worst.get(n, 0.0), med)
                 worst_cpu[n] = max(worst_cpu.get(n, 0.0), med_cpu)
-    for shape in SHAPES:
+    for shape in shapes:
         for policy in POLICIES:
             a, b = detail.get(f"{shape}_{sizes[0]}_{policy}"), detail.get(f"{shape}_{sizes[-1]}_{policy}")
             if a and b and len(sizes) > 1:
@@ -162,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = measure(args.sizes, args.repeats)
     worst = res["worst"]
+    # Beside the targets: the twin's RK3588 devices (NPU and CPU clusters) on a DAG with ops the NPU
+    # lacks, where no device is at least as fast for every unit, so the stage fold sweeps.
+    twin_devs = [d for d in twin_devices("rk3588") if d.kind != "gpu"]
+    sweeping = measure(args.sizes, args.repeats, {"mixed_rk3588": mixed}, twin_devs)
+    res["detail"].update(sweeping["detail"])
     for key, d in res["detail"].items():
         print(f"{key}: {d}", file=sys.stderr)
     s1, s10 = worst.get(1000), worst.get(10000)
@@ -176,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_seconds_1k": round(c1, 4) if c1 is not None else None,
         "cpu_seconds_10k": round(c10, 4) if c10 is not None else None,
         "growth_10x": round(s10 / s1, 2) if s1 and s10 else None,
+        "no_dominant_device_cpu_seconds": {str(n): round(v, 4) for n, v in sweeping["worst_cpu"].items()},
         "max_stages": max(d["stages"] for d in res["detail"].values() if isinstance(d, dict)),
         "target": {"seconds_1k": 0.05, "seconds_10k": 0.3, "moonshot_seconds_10k": 0.2, "growth_10x": 12},
         "detail": res["detail"],
