@@ -17,11 +17,15 @@ Three ways to serve (:class:`Mode`):
   *at once* and share it (the twin's processor sharing); each model is placed alone.
 - ``RUNTIME_FIFO``: one set of device workers for every model (one stage at a time per
   device), one FIFO queue per device, each model placed alone.
-- ``RUNTIME_SCHEDULED``: one set of workers, each device's queue ordered as hetsched's
-  scheduler orders it (``hetsched/_runtime/_scheduler.py``: key = ``priority x aging_s`` +
-  admission time, or with an SLO the latest start ``deadline - remaining estimate``; a request
-  that can no longer meet its SLO is flagged and served after its class's on-time ones), and
-  the models placed jointly (each knowing the others' reservations, ``PlacementProblem``).
+- ``RUNTIME_SCHEDULED``: one set of workers, each device's queue ordered by hetsched's
+  scheduler's key (``hetsched/_runtime/_tenants.py``, R's note of 15:27): ``p x aging_s`` plus,
+  with an SLO, the latest start ``deadline - remaining`` (remaining: the longest path of stage
+  estimates from the stage to the end), or for a request found late (``now + remaining >
+  deadline``, at admission or any push) its flag time ``+ max(max SLO, aging_s / 2)``; without
+  an SLO, with several sessions, a fair start tag ``max(now, finish[t])``, ``finish[t] += cost x
+  W`` (equal weights, ``W`` the sessions with requests in flight, ``cost`` the request's stage
+  estimates); one session: its admission time. Not modelled: the re-check at pop. And the models
+  placed jointly (each knowing the others' reservations, ``PlacementProblem``).
 
 This is a model of the three serving disciplines on the twin, not a run of hetsched's own
 scheduler code: ``benchmarks/multi_model.py`` says so in its JSON line.
@@ -62,6 +66,11 @@ class StagePlan:
 class ModelPlan:
     stages: tuple[StagePlan, ...]
 
+    def remaining(self, stage: int) -> float:
+        """The longest path of lone stage seconds from ``stage`` to the end of the model."""
+        after = [self.remaining(i) for i, st in enumerate(self.stages) if stage in st.deps]
+        return self.stages[stage].alone_s + max(after, default=0.0)
+
     def devices(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.device for s in self.stages))
 
@@ -93,6 +102,7 @@ class _Request:
     left: set[int] = field(default_factory=set)
     done: set[int] = field(default_factory=set)
     energy_j: float = 0.0
+    flagged_at: float | None = None
 
 
 @dataclass
@@ -152,6 +162,9 @@ class Replay:
         self._admitted: dict[str, list[float]] = {s.name: [] for s in streams}
         self._energy = {s.name: 0.0 for s in streams}
         self._dev_busy = {d: 0.0 for d in devices}
+        self._in_flight = {s.name: 0 for s in streams}
+        self._finish_tag = {s.name: 0.0 for s in streams}
+        self._max_slo = max((s.slo_s for s in streams if s.slo_s), default=0.0)
         self._run_busy = {d: 0.0 for d in devices}
 
     def _worker(self, stream: str, device: str) -> tuple[str, str]:
@@ -163,6 +176,7 @@ class Replay:
         req = _Request(stream, next(self._rid), self.now, self.now + s.slo_s if s.slo_s else None, plan,
                        set(range(len(plan.stages))))
         self._req_count[stream] += 1
+        self._in_flight[stream] += 1
         self._admitted[stream].append(self.now)
         for i, st in enumerate(plan.stages):
             if not st.deps:
@@ -171,13 +185,21 @@ class Replay:
     def _key(self, req: _Request, stage: int) -> float:
         if self.mode is not Mode.RUNTIME_SCHEDULED:
             return req.admitted  # FIFO: admission order (a session's own queue, or the runtime's)
-        prio = self.streams[req.stream].priority
-        base = req.admitted
+        step = self.aging_s
+        prio = self.streams[req.stream].priority * step
         if req.deadline is not None:
-            remaining = sum(req.plan.stages[i].alone_s for i in req.left)
-            latest = req.deadline - remaining
-            base = latest if latest >= self.now else latest + self.aging_s  # flagged: after the on-time ones
-        return prio * self.aging_s + base
+            remaining = req.plan.remaining(stage)
+            if req.flagged_at is None and self.now + remaining > req.deadline + _EPS:
+                req.flagged_at = self.now
+            if req.flagged_at is not None:  # late: after the class's on-time ones
+                return req.flagged_at + max(self._max_slo, step / 2) + prio
+            return req.deadline - remaining + prio
+        if len(self.streams) < 2:
+            return req.admitted + prio
+        busy = sum(1 for n, k in self._in_flight.items() if k > 0)
+        tag = max(self.now, self._finish_tag[req.stream])
+        self._finish_tag[req.stream] = tag + req.plan.seconds() * max(1, busy)
+        return tag + prio
 
     def _push(self, req: _Request, stage: int) -> None:
         w = self._worker(req.stream, req.plan.stages[stage].device)
@@ -211,6 +233,7 @@ class Replay:
             if i in req.left and run.stage in other.deps and all(d in req.done for d in other.deps):
                 self._push(req, i)
         if not req.left:
+            self._in_flight[req.stream] -= 1
             s = self.streams[req.stream]
             lat = self.now - req.admitted
             self._lat[req.stream].append(lat)

@@ -21,9 +21,9 @@ is replayed in the twin's *board* time (``benchmarks/_board_replay.py``: each st
 lone time, memory time and energy from the twin, the twin's contention model for runs in
 flight at once), so the figures do not depend on this host's speed. The replay models the
 three serving disciplines; it is not a run of the Runtime's code (``"serving"`` in the JSON
-says which). ``worker_threads`` is *measured*: threads a process gains opening the three
-models as independent ``Session`` s on the twin's devices, and, where ``hetsched.Runtime``
-exists, attached to one Runtime.
+says which). ``worker_threads`` is *measured*: the process's threads after opening the three
+models one by one as independent ``Session`` s on the twin's devices, and attached to one
+``hetsched.Runtime``.
 
 Fields per board and load: ``slo_satisfaction_high`` (detector requests finished within 33 ms
 / requests whose deadline fell inside the window, finished or not), ``background_throughput`` (background requests per board
@@ -56,7 +56,7 @@ import numpy as np
 import onnx
 from _labels import MODELLED, labelled, twin
 
-from hetsched import Device, Priority, Session, load_model
+from hetsched import Device, Priority, Runtime, Session, load_model
 from hetsched.backends.sim import twin_devices
 from hetsched.lowlevel import GraphIndex, build_plan
 from hetsched.policies import Reservation
@@ -265,20 +265,13 @@ async def _open_all(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
 
 
 def worker_threads(nets: Mapping[str, onnx.ModelProto], soc: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"independent_sessions": anyio.run(_open_all, nets, soc)}
-    try:
-        from hetsched import Runtime  # type: ignore[attr-defined]  # issue 26's Runtime, where it has landed
-    except ImportError:
-        out["runtime"] = None
-        out["runtime_note"] = "hetsched.Runtime is not in this tree yet: not measured"
-    else:
-        out["runtime"] = anyio.run(_open_runtime, Runtime, nets, soc)
-    return out
+    return {"independent_sessions": anyio.run(_open_all, nets, soc), "runtime": anyio.run(_open_runtime, nets, soc)}
 
 
-async def _open_runtime(runtime_cls: Any, nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+async def _open_runtime(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+    """Threads of the process after opening one Runtime and attaching each model to it."""
     counts = [threading.active_count()]
-    async with runtime_cls(devices=twin_devices(soc)) as rt:
+    async with Runtime(devices=twin_devices(soc)) as rt:
         sessions = []
         try:
             for name in ("detector", "classifier", "background"):
