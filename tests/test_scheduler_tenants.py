@@ -362,6 +362,41 @@ async def test_fair_tags_are_kept_per_class_so_a_tenants_bulk_never_delays_its_u
     assert board.log.order[0] == ("A", 50)
 
 
+async def test_a_tenant_left_alone_keeps_its_own_order_after_the_other_detaches(board: _Board) -> None:
+    """A's queued requests carry fair tags 10-40 ms ahead (B was attached); once B detaches,
+    A's next request still queues behind them (it leaves plain admission order only when caught up)."""
+    a, b = board.attach("A", cost_s=0.01), board.attach("B", cost_s=0.01)
+    blocker = board.request(a, Priority.NORMAL, -1)
+    jobs = [(a, board.request(a, Priority.NORMAL, i)) for i in range(4)]
+    await board.sched.detach(b)
+    assert not board.sched.shared
+    jobs.append((a, board.request(a, Priority.NORMAL, 4)))
+    await _serve_in_order(board, jobs, (a, blocker))
+    assert board.log.order == [("A", i) for i in range(5)]
+    board.clock.advance(1.0)  # caught up: plain admission order again
+    late = board.request(a, Priority.NORMAL, 5)
+    assert late.key == pytest.approx(board.clock.monotonic() + int(Priority.NORMAL) * 0.01)
+    assert not a.finish_tags
+    await board.run(a, late)
+
+
+async def test_a_streams_request_made_ahead_is_charged_its_fair_share_once_when_admitted(board: _Board) -> None:
+    a, _b = board.attach("A", cost_s=0.01), board.attach("B", cost_s=0.01)
+    program = a.program(["y"], ["x"])
+    ahead = [a.new_request(i, int(Priority.NORMAL), program, {"x": np.zeros(4, np.float32)}, waiter=None)
+             for i in range(2)]
+    assert not a.finish_tags  # made ahead: nothing charged yet
+    for req in ahead:
+        a.admit(req)
+    step = int(Priority.NORMAL) * 0.01
+    assert [r.key for r in ahead] == [pytest.approx(0.0 + step), pytest.approx(0.01 + step)]
+    for req in ahead:  # never pushed: closing them lets the tenant go
+        with req.lock:
+            req.closed = True
+            req.finalize_locked()
+    assert a.statistics().in_flight == 0
+
+
 async def test_a_tenant_alone_keeps_admission_order(board: _Board) -> None:
     a = board.attach("A", cost_s=0.01)
     blocker = board.request(a, Priority.NORMAL, -1)

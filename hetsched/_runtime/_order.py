@@ -34,7 +34,9 @@ The heap key of a stage (a float; smaller runs first) is a *class term* plus a *
   active tenants' weights), kept per tenant and class: ``start = max(now, finish[tenant, class])``,
   ``finish[tenant, class] = start + cost / share``, ``share = weight / sum(weights of tenants with
   requests in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
-  tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order.
+  tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order (one
+  left alone by a detach keeps its tags until real time has caught up with them, so its new
+  requests never pass its queued ones).
 * **Aging** is today's: a request that waited ``aging_s`` longer than another of the next
   class up goes first; BACKGROUND never starves.
 * **FIFO** (``priorities=False``): the key is the admission time, whatever the class or SLO
@@ -80,7 +82,7 @@ def admit(tenant: Tenant, req: Request) -> None:
     req.admitted = now
     step = sch.step
     if slo is None:
-        if sch.shared:
+        if sch.shared or tenant.finish_tags:
             req.key = fair_tag(tenant, now, req.priority, req.program) + req.priority * step
         else:
             req.key = now + req.priority * step
@@ -146,6 +148,11 @@ def fair_tag(tenant: Tenant, now: float, priority: int, program: Program) -> flo
     sch = tenant.scheduler
     tags = tenant.finish_tags
     with sch.fair_lock:
+        # alone now (the others detached), its queued requests may carry tags ahead of now: new
+        # ones queue behind them until it has caught up, then plain admission order again
+        if not sch.shared and max(tags.values(), default=0.0) <= now:
+            tags.clear()
+            return now
         active = sum(t.weight for t in sch.tenants() if t.live > 0 or t is tenant)
         start = max(now, tags.get(priority, 0.0))
         tags[priority] = start + cost * active / tenant.weight

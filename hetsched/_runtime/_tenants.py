@@ -302,9 +302,12 @@ class Tenant:
     # -- requests -------------------------------------------------------------------------
 
     def new_request(self, rid: int, priority: int, program: Program, feeds: Mapping[str, Any], *,
-                    copy_out: bool = True, waiter: Any = NEW_WAITER, slo_s: Any = DEFAULT_SLO) -> Request:
-        """A request of this tenant admitted now (any thread). ``slo_s``: its SLO (None: none;
-        left out: the tenant's default).
+                    copy_out: bool = True, waiter: Any = NEW_WAITER, slo_s: Any = DEFAULT_SLO,
+                    admit_now: bool | None = None) -> Request:
+        """A request of this tenant (any thread). ``slo_s``: its SLO (None: none; left out: the
+        tenant's default). ``admit_now`` (default: unless ``waiter`` is None, a stream's request
+        made ahead): stamp its admission now; else the maker calls :meth:`admit` when it admits
+        it (its fair-share charge, deadline and key are taken then, once).
 
         :raises RuntimeStateError: the tenant is detached.
         :raises ValueError: ``slo_s`` is not positive.
@@ -321,13 +324,16 @@ class Tenant:
             self.requests += 1
             self.live += 1
             self._requests.add(req)
-        if slo is None and not sch.shared:  # the common case, inline: admission order
+        if slo is not None:
+            req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
+        elif not sch.shared and not self.finish_tags:  # the common case, inline: admission order
             req.admitted = now = sch.monotonic()
             req.key = now + priority * sch.step
             return req
-        if slo is not None:
-            req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
-        self.admit(req)
+        if admit_now if admit_now is not None else waiter is not None:
+            self.admit(req)
+        else:
+            req.key = sch.monotonic() + priority * sch.step  # until admit(): pushed anyway, FIFO from here
         return req
 
     def admit(self, req: Request) -> None:
