@@ -230,6 +230,11 @@ class Runtime:
         return self._engine
 
     @property
+    def board_scheduler(self) -> Scheduler | None:
+        """The board's scheduler once opened (still there after closing, for its counters)."""
+        return self._scheduler
+
+    @property
     def scheduler(self) -> Scheduler:
         sch = self._scheduler
         if sch is None or not self._open:

@@ -48,10 +48,9 @@ from ._feeds import random_feeds
 from ._lifecycle import Lifecycle
 from ._options import Adaptation, Memory, Scheduling
 from ._profiling import profile_units
-from ._replan import ReplanKind, ReplanStatistics
+from ._replan import ReplanKind
 from ._runtime import Runtime
-from ._setup import compile_counters
-from ._statistics import SessionStatistics, energy_fields
+from ._statistics import SessionStatistics, session_statistics
 from ._stream import ResultStream
 
 if TYPE_CHECKING:
@@ -384,46 +383,7 @@ class Session:
         every session's; the request counters, ``stage_runs``, energy and busy time are this
         session's own.
         """
-        life, core = self._life, self._core
-        rt = life.runtime
-        sch = rt._scheduler if rt is not None else None
-        tenant = life.tenant
-        adapter = life.adapter
-        stages = life.stages
-        tstats = tenant.statistics() if tenant is not None else None
-        return SessionStatistics(
-            requests_started=core.started,
-            requests_completed=core.completed,
-            requests_failed=core.failed,
-            requests_cancelled=core.cancelled,
-            in_flight=core.in_flight,
-            stage_runs=tstats.stage_runs if tstats is not None else 0,
-            stages=len(stages),
-            devices=len(life.devices) if core.is_open else 0,
-            max_in_flight=core.max_in_flight,
-            peak_in_flight=core.peak_in_flight,
-            queued_stages=sch.queued() if sch is not None else 0,
-            stage_runs_bound=sch.stage_runs_bound if sch is not None else 0,
-            stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
-            stage_runs_to_caller=sch.stage_runs_to_caller if sch is not None else 0,
-            wakeups_coalesced=sch.wakeups_coalesced if sch is not None else 0,
-            unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in stages if not st.bound}),
-            bytes_copied_to_caller=core.bytes_copied + (sch.bytes_to_caller if sch is not None else 0),
-            bytes_staged=sch.bytes_staged if sch is not None else 0,
-            pools=MappingProxyType({name: p.statistics() for name, p in self.pools.items()}),
-            transfers=rt.engine.statistics() if rt is not None and rt.engine is not None else None,
-            compile=compile_counters(life.devices, since=life.compile_base, refused=len(life.refusals)),
-            **(adapter.board_figures(stages) if adapter is not None else energy_fields(None, stages, 0.0, {})),
-            replanning=adapter.statistics() if adapter is not None else ReplanStatistics(),
-            failover=(adapter.failover.statistics()
-                      if adapter is not None and adapter.failover is not None else None),
-            allocation_failures=sch.allocation_failures if sch is not None else 0,
-            worker_states_renewed=sch.states_renewed if sch is not None else 0,
-            slo_s=self._slo_s,
-            slo_met=tstats.slo_met if tstats is not None else 0,
-            slo_missed=tstats.slo_missed if tstats is not None else 0,
-            slo_flagged=tstats.slo_flagged if tstats is not None else 0,
-        )
+        return session_statistics(self._life, self._core, self.pools, slo_s=self._slo_s)
 
     @overload
     async def run(self, feeds: Mapping[str, Any], *, output_names: Sequence[str] | None = None,

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetsched.backends import Device
 from hetsched.policies import DeviceState
@@ -19,9 +19,14 @@ from .._runtime._scheduler import StageRuntime
 from .._runtime._tenants import Tenant
 from .._runtime._transfer import TransferStatistics
 from ._replan import ReplanStatistics
-from ._setup import CompileStatistics
+from ._setup import CompileStatistics, compile_counters
 
-__all__ = ["BoardSampler", "SessionStatistics", "energy_fields"]
+if TYPE_CHECKING:
+    from .._runtime._buffers import BufferPool
+    from ._core import SessionCore
+    from ._lifecycle import Lifecycle
+
+__all__ = ["BoardSampler", "SessionStatistics", "energy_fields", "session_statistics"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,52 @@ def energy_fields(sch: Tenant | None, current: Sequence[StageRuntime], retired_j
             per_stage[st.name] = float(energy)
     return {"energy_j": total + retired_j if found else None, "energy_source": "modelled" if found else None,
             "stage_energy_j": MappingProxyType(per_stage), "device_busy_s": MappingProxyType(busy)}
+
+
+def session_statistics(life: Lifecycle, core: SessionCore, pools: Mapping[str, BufferPool], *,
+                       slo_s: float | None) -> SessionStatistics:
+    """The snapshot ``Session.statistics()`` returns, from the session's parts: its core (request
+    counters), its lifecycle (plans, compile counters, the adapter's re-plans and energy), its
+    tenant of the runtime's scheduler (stage runs, SLOs) and the runtime (the board's counters,
+    pools and transfers)."""
+    rt = life.runtime
+    sch = rt.board_scheduler if rt is not None else None
+    tenant = life.tenant
+    adapter = life.adapter
+    stages = life.stages
+    tstats = tenant.statistics() if tenant is not None else None
+    return SessionStatistics(
+        requests_started=core.started,
+        requests_completed=core.completed,
+        requests_failed=core.failed,
+        requests_cancelled=core.cancelled,
+        in_flight=core.in_flight,
+        stage_runs=tstats.stage_runs if tstats is not None else 0,
+        stages=len(stages),
+        devices=len(life.devices) if core.is_open else 0,
+        max_in_flight=core.max_in_flight,
+        peak_in_flight=core.peak_in_flight,
+        queued_stages=sch.queued() if sch is not None else 0,
+        stage_runs_bound=sch.stage_runs_bound if sch is not None else 0,
+        stage_runs_unbound=sch.stage_runs_unbound if sch is not None else 0,
+        stage_runs_to_caller=sch.stage_runs_to_caller if sch is not None else 0,
+        wakeups_coalesced=sch.wakeups_coalesced if sch is not None else 0,
+        unbound_stages=MappingProxyType({st.name: st.fallback_reason or "" for st in stages if not st.bound}),
+        bytes_copied_to_caller=core.bytes_copied + (sch.bytes_to_caller if sch is not None else 0),
+        bytes_staged=sch.bytes_staged if sch is not None else 0,
+        pools=MappingProxyType({name: p.statistics() for name, p in pools.items()}),
+        transfers=rt.engine.statistics() if rt is not None and rt.engine is not None else None,
+        compile=compile_counters(life.devices, since=life.compile_base, refused=len(life.refusals)),
+        **(adapter.board_figures(stages) if adapter is not None else energy_fields(None, stages, 0.0, {})),
+        replanning=adapter.statistics() if adapter is not None else ReplanStatistics(),
+        failover=(adapter.failover.statistics() if adapter is not None and adapter.failover is not None else None),
+        allocation_failures=sch.allocation_failures if sch is not None else 0,
+        worker_states_renewed=sch.states_renewed if sch is not None else 0,
+        slo_s=slo_s,
+        slo_met=tstats.slo_met if tstats is not None else 0,
+        slo_missed=tstats.slo_missed if tstats is not None else 0,
+        slo_flagged=tstats.slo_flagged if tstats is not None else 0,
+    )
 
 
 class BoardSampler:
