@@ -62,7 +62,7 @@ from hetsched.lowlevel import GraphIndex, build_plan
 from hetsched.policies import Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream  # noqa: E402
+from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream
 
 SLO_S = 0.033
 MODES = (("independent_sessions", Mode.INDEPENDENT, "alone"), ("runtime_fifo", Mode.RUNTIME_FIFO, "alone"),

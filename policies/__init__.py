@@ -34,6 +34,7 @@ from ._problem import (
 __all__ = [
     "HEFT",
     "MAX_RESERVED_SHARE",
+    "W_ENERGY_S_PER_J",
     "DeviceState",
     "DeviceStateInputs",
     "Link",
@@ -45,7 +46,6 @@ __all__ = [
     "RandomPolicy",
     "Reservation",
     "Unit",
-    "W_ENERGY_S_PER_J",
     "consolidate",
     "get_policy",
     "makespan",

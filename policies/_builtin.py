@@ -12,7 +12,7 @@ from hetsched._errors import PlacementError
 from ._consolidate import consolidate, makespan
 from ._problem import Placement, PlacementProblem, Unit
 
-__all__ = ["HEFT", "W_ENERGY_S_PER_J", "PowerThermalWeighted", "Pinned", "RandomPolicy"]
+__all__ = ["HEFT", "W_ENERGY_S_PER_J", "Pinned", "PowerThermalWeighted", "RandomPolicy"]
 
 W_ENERGY_S_PER_J = 0.01
 """Default weight of the energy term, in seconds per joule: a unit may finish this much later

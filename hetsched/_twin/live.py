@@ -421,7 +421,7 @@ class LiveTwin:
         if knob == "rate":
             # Accepted by debugfs either way; BPMP only honours it while the rate is locked.
             if self._state.emc_locked:
-                lo, hi, _ = sim.user_limits(domain)
+                _lo, hi, _ = sim.user_limits(domain)
                 sim.kernel_limits(domain, setspeed_hz=resolve_ceil(avail, min(max(value, avail[0]), hi)))
             return
         if d.kind == "cpu":

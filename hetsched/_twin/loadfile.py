@@ -34,6 +34,7 @@ sharing one root see each other's writers as dead (their files are then deleted 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -79,10 +80,8 @@ def _open_dir(name: str, dir_fd: int, where: Path, *, create: bool) -> int | Non
         TwinError: ``name`` is a symlink or not a directory.
     """
     if create:
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o755, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -265,10 +264,8 @@ class LoadReporter:
         """End the file (the twin deletes it once read) and release it; idempotent."""
         with self._lock:
             if self._fd[0] >= 0:
-                try:
+                with contextlib.suppress(OSError):
                     self._write(_END + b"\n")
-                except OSError:
-                    pass
             _close_fd(self._fd)
             _close_fd(self._dir)
 
@@ -474,16 +471,12 @@ class LoadChannel:
             if lfd >= 0:
                 try:
                     for name in os.listdir(lfd):
-                        try:
+                        with contextlib.suppress(OSError):
                             os.unlink(name, dir_fd=lfd)  # unlink never follows a link
-                        except OSError:
-                            pass
                 finally:
                     os.close(lfd)
-                try:
+                with contextlib.suppress(OSError):  # a writer raced a new file in; it is the next twin's to drain
                     os.rmdir(CHANNEL_DIR[1], dir_fd=tfd)
-                except OSError:  # a writer raced a new file in; it is the next twin's to drain
-                    pass
         finally:
             os.close(tfd)
         try:

@@ -78,7 +78,7 @@ class ThermalNetwork:
     constant over ``dt``.
     """
 
-    __slots__ = ("ambient_c", "names", "temps", "_c", "_parent", "_nbrs", "_g_sum", "_cache")
+    __slots__ = ("_c", "_cache", "_g_sum", "_nbrs", "_parent", "ambient_c", "names", "temps")
 
     def __init__(self, nodes: Sequence[ThermalNode], ambient_c: float = 25.0) -> None:
         self.ambient_c = float(ambient_c)
@@ -150,7 +150,7 @@ class StepWise:
     no longer crossed and falling, one state shallower.
     """
 
-    __slots__ = ("trip_c", "hyst_c", "max_states", "states", "crossed", "_last")
+    __slots__ = ("_last", "crossed", "hyst_c", "max_states", "states", "trip_c")
 
     def __init__(self, trip_c: float, hyst_c: float, max_states: Sequence[int]) -> None:
         self.trip_c = trip_c
@@ -194,7 +194,7 @@ class PowerAllocator:
     Below the switch-on temperature it does not limit and resets its integral.
     """
 
-    __slots__ = ("switch_on_c", "control_c", "sustainable_w", "k_pu", "k_po", "k_i", "integral", "active")
+    __slots__ = ("active", "control_c", "integral", "k_i", "k_po", "k_pu", "sustainable_w", "switch_on_c")
 
     def __init__(self, switch_on_c: float, control_c: float, sustainable_w: float) -> None:
         self.switch_on_c = switch_on_c
@@ -250,7 +250,7 @@ class PowerAllocator:
 class TempCapState:
     """A temperature-triggered frequency cap with hysteresis (Rockchip ``rockchip,high-temp``)."""
 
-    __slots__ = ("above_c", "hyst_c", "engaged")
+    __slots__ = ("above_c", "engaged", "hyst_c")
 
     def __init__(self, above_c: float, hyst_c: float) -> None:
         self.above_c = above_c
@@ -272,7 +272,7 @@ class TempCapState:
 class SensorNoise:
     """Seeded sensor noise: Gaussian, quantised to the sensor's resolution."""
 
-    __slots__ = ("_rng", "temp_sd_c", "temp_step_c", "power_rel_sd", "enabled")
+    __slots__ = ("_rng", "enabled", "power_rel_sd", "temp_sd_c", "temp_step_c")
 
     def __init__(
         self, seed: int = 0, *, temp_sd_c: float = 0.15, temp_step_c: float = 0.001, power_rel_sd: float = 0.01,
@@ -305,7 +305,7 @@ class EnergyIntegrator:
     trapezoid rule (telemetry).
     """
 
-    __slots__ = ("energy_j", "time_s", "_last_t", "_last_p")
+    __slots__ = ("_last_p", "_last_t", "energy_j", "time_s")
 
     def __init__(self) -> None:
         self.energy_j = 0.0

@@ -298,10 +298,7 @@ class BoardTree(TreeFiles):
                     continue
                 seen.add(a)
                 d = self.profile.domain(a)
-                if d.kind == "cpu":
-                    typ = f"cpufreq-cpu{d.cpus[0]}"
-                else:
-                    typ = f"devfreq-{self.vendor.devfreq_dir(d)[0]}"
+                typ = f"cpufreq-cpu{d.cpus[0]}" if d.kind == "cpu" else f"devfreq-{self.vendor.devfreq_dir(d)[0]}"
                 out.append((a, typ, len(d.opps) - 1))
         return out
 

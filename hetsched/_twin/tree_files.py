@@ -18,6 +18,7 @@ file's or a temp file's name is replaced, never written through.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -32,7 +33,7 @@ from .schema import DomainProfile, SocProfile
 from .state import BoardState, governors_for
 from .tree_walk import ContainedRoot
 
-__all__ = ["OfflineStyle", "TreeFiles", "khz", "kernel_list"]
+__all__ = ["OfflineStyle", "TreeFiles", "kernel_list", "khz"]
 
 OfflineStyle = Literal["-256000", "eagain"]
 
@@ -190,10 +191,8 @@ class TreeFiles:
                 os.close(fd)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
             raise TwinError(f"cannot write {p}: {exc.strerror or exc}") from exc
 
     def written(self, p: Path) -> bytes | None:

@@ -174,10 +174,7 @@ def _ramp_opps(freqs_hz: tuple[int, ...], knee_hz: int, v_floor: float, v_top: f
     """Assumed V(f): the voltage floor up to the knee, then linear to ``v_top`` at ``top_hz``."""
     out = []
     for f in freqs_hz:
-        if f <= knee_hz:
-            v = v_floor
-        else:
-            v = v_floor + (v_top - v_floor) * (f - knee_hz) / (top_hz - knee_hz)
+        v = v_floor if f <= knee_hz else v_floor + (v_top - v_floor) * (f - knee_hz) / (top_hz - knee_hz)
         out.append(Opp(f, round(v, 1)))
     return tuple(out)
 
