@@ -505,7 +505,11 @@ async def test_detach_while_serving_drains_only_that_tenant_and_loses_nothing(bo
             final.append(await board.sched.detach(a))
             detached.set()
 
+        async def detach_again() -> None:  # a second caller waits for the same drain
+            final.append(await a.detach())
+
         tg.start_soon(detach)
+        tg.start_soon(detach_again)
         await anyio.wait_all_tasks_blocked()
         assert not detached.is_set()  # A's requests are still queued: detach waits for them
         with pytest.raises(RuntimeStateError, match="detached"):
@@ -516,6 +520,7 @@ async def test_detach_while_serving_drains_only_that_tenant_and_loses_nothing(bo
             tg.start_soon(one, b, 100 + rid)
     assert {k: v for k, v in results.items() if k[0] == "A"} == {("A", r): r + 1.0 for r in range(10)}
     assert len([k for k in results if k[0] == "B"]) == 15
+    assert len(final) == 2
     stats = final[0]
     assert (stats.requests, stats.completed, stats.in_flight, stats.detached) == (10, 10, 0, True)
     assert board.sched.tenants() == (b,)

@@ -142,7 +142,8 @@ class Tenant:
         """Requests made and not finalized (what :meth:`detach` waits for)."""
         self.detaching = False
         self.detached = False
-        self._drained: Any = None
+        self._drained: list[Any] = []
+        """Waiters of :meth:`detach` calls (resolved when the last request ends)."""
 
     def __repr__(self) -> str:
         return f"Tenant({self.name!r}, weight={self.weight}, slo_s={self.slo_s})"
@@ -365,9 +366,10 @@ class Tenant:
                         self.slo_missed += 1
             else:
                 self.cancelled += 1
-            drained = self.live == 0 and self._drained is not None
-            waiter = self._drained if drained else None
-        if waiter is not None:
+            waiters: list[Any] = []
+            if self.live == 0 and self._drained:
+                waiters, self._drained = self._drained, []
+        for waiter in waiters:
             self.scheduler.resolve_soon(waiter)
 
     # -- detaching ------------------------------------------------------------------------
@@ -387,9 +389,9 @@ class Tenant:
         while True:
             with self._lock:
                 if self.live <= 0:
-                    self._drained = None
                     break
-                waiter = self._drained = sch.new_waiter()
+                waiter = sch.new_waiter()
+                self._drained.append(waiter)
             if sch.stopped:
                 self._fail_unfinished()
             await sch.wait_on(waiter)
