@@ -134,11 +134,11 @@ async def test_refused_unit_goes_to_the_cpu_with_its_reason() -> None:
 
 
 async def test_unit_refused_everywhere_names_every_reason() -> None:
-    with Refuser("refuser", refuse_ops=frozenset({"Abs"})), Refuser("refuser2", refuse_ops=frozenset({"Abs"})):
-        with pytest.raises(PartitionError) as err:
-            async with hetsched.Session(_model(), devices=[_acc("a1"), _acc("a2", "refuser2")],
-                                        max_unit_nodes=1):
-                pass
+    with Refuser("refuser", refuse_ops=frozenset({"Abs"})), Refuser("refuser2", refuse_ops=frozenset({"Abs"})), \
+            pytest.raises(PartitionError) as err:
+        async with hetsched.Session(_model(), devices=[_acc("a1"), _acc("a2", "refuser2")],
+                                    max_unit_nodes=1):
+            pass
     msg = str(err.value)
     assert "a1: a1: toolkit says op Abs" in msg and "a2: a2: toolkit says op Abs" in msg
     assert err.value.op_types == ["Abs"] and sorted(err.value.devices) == ["a1", "a2"]
@@ -203,10 +203,10 @@ async def test_stages_of_one_plan_compile_concurrently() -> None:
 
 
 async def test_every_compile_error_is_reported() -> None:
-    with Refuser("refuser", broken=True), Refuser("refuser2", broken=True):
-        with pytest.raises(BackendUnavailableError) as err:
-            async with hetsched.Session(_model(), devices=[_acc("a1"), _acc("a2", "refuser2")], policy=alternate,
-                                        max_unit_nodes=3):
-                pass
+    with Refuser("refuser", broken=True), Refuser("refuser2", broken=True), \
+            pytest.raises(BackendUnavailableError) as err:
+        async with hetsched.Session(_model(), devices=[_acc("a1"), _acc("a2", "refuser2")], policy=alternate,
+                                    max_unit_nodes=3):
+            pass
     told = str(err.value) + " ".join(getattr(err.value, "__notes__", []))
     assert "a1: the toolkit is not installed" in told and "a2: the toolkit is not installed" in told

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -290,10 +291,8 @@ class Adapter:
     def _send_soon(self, item: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
         send = self._send
         if send is not None:
-            try:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 send.send_nowait(item)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
 
     async def _spawner(self, recv: MemoryObjectReceiveStream[tuple[Callable[..., Any], tuple[Any, ...]]],
                        tg: anyio.abc.TaskGroup) -> None:
@@ -382,10 +381,8 @@ class Adapter:
                 use_costs = trigger is not None
             if trigger is None:
                 continue
-            try:
+            with contextlib.suppress(HetschedError):  # counted in statistics(); the plan in place keeps serving
                 await self.replan(trigger.reason, kind=trigger.kind, use_costs=use_costs)
-            except HetschedError:
-                pass  # counted in statistics(); the plan in place keeps serving
 
     def _drift_inputs(self) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
         """Per stage of the current plan: the plan's estimate, and (measured seconds, runs)."""

@@ -16,8 +16,8 @@ import onnx
 from .._errors import FreeDimsError, InputError
 from .._planning.graph import GraphIndex
 
-__all__ = ["STATIC_SHAPE_BACKENDS", "EXAMPLE_BATCH", "EXAMPLE_IMAGE_SIDE", "EXAMPLE_OTHER_DIM", "FeedChecker", "free_dims", "np_dtype",
-           "random_feeds", "require_fixed_shapes"]
+__all__ = ["EXAMPLE_BATCH", "EXAMPLE_IMAGE_SIDE", "EXAMPLE_OTHER_DIM", "STATIC_SHAPE_BACKENDS", "FeedChecker", "free_dims",
+           "np_dtype", "random_feeds", "require_fixed_shapes"]
 
 STATIC_SHAPE_BACKENDS = frozenset({"rknn", "tensorrt", "ncnn"})
 """Backends whose stages need every dim fixed (a converted NPU model, an engine, a ncnn net);

@@ -28,7 +28,7 @@ from hetsched.policies import DeviceState
 from .._compat import StrEnum
 from .._events import ReplanInfo
 
-__all__ = ["ReplanFlags", "Replanning", "ReplanStatistics", "decide_replan", "drift_reason"]
+__all__ = ["ReplanFlags", "ReplanKind", "ReplanStatistics", "Replanning", "Trigger", "decide_replan", "drift_reason"]
 
 
 @dataclass(frozen=True)

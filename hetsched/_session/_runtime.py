@@ -37,6 +37,7 @@ split by each session's share of the devices' busy time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -335,10 +336,8 @@ class Runtime:
         for e in list(self._attached):
             if e.replan is None or e not in self._attached:
                 continue
-            try:
+            with contextlib.suppress(HetschedError):  # counted by the session; its plan stays
                 await e.replan(f"placement: {reason}")
-            except HetschedError:
-                pass  # counted by the session; its plan stays
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ at once, with the same ordering, bounds and error rules.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
@@ -373,10 +374,8 @@ class ResultStream(AsyncIterator[Any]):
         for nxt in admitted:
             core.push(nxt)
         if wake:
-            try:
+            with contextlib.suppress(RuntimeError):  # the event loop is gone (interpreter shutdown): nobody waits
                 core.call_soon_threadsafe(self._on_wake)
-            except RuntimeError:
-                pass  # the event loop is gone (interpreter shutdown); nobody waits
 
     def _needs_loop_locked(self) -> bool:
         if self._posted:
@@ -390,11 +389,9 @@ class ResultStream(AsyncIterator[Any]):
             return False
         if head.error is not None or not self._pending or not self._in_flight:
             return True
-        ready = 0
-        for r in self._order:
+        for ready, r in enumerate(self._order, 1):
             if not (r.done or r.closed):
                 return False
-            ready += 1
             if ready >= self._batch:
                 return True
         return False
