@@ -144,12 +144,15 @@ class Replay:
     """Serve ``streams`` with per-stream ``plans`` for ``seconds`` of board time in ``mode``."""
 
     def __init__(self, mode: Mode, streams: Sequence[Stream], plans: Mapping[str, ModelPlan], devices: Sequence[str],
-                 *, aging_s: float = 0.5) -> None:
+                 *, aging_s: float = 0.5, fair_per_class: bool = False) -> None:
+        """:param fair_per_class: a fair tag's share counts only the sessions with requests in flight in
+        the request's own priority class (the scheduler counts every class's: ``False``)."""
         self.mode = mode
         self.streams = {s.name: s for s in streams}
         self.plans = plans
         self.devices = tuple(devices)
         self.aging_s = aging_s
+        self.fair_per_class = fair_per_class
         self.now = 0.0
         self._seq = itertools.count()
         self._rid = itertools.count()
@@ -196,7 +199,9 @@ class Replay:
             return req.deadline - remaining + prio
         if len(self.streams) < 2:
             return req.admitted + prio
-        busy = sum(1 for n, k in self._in_flight.items() if k > 0)
+        cls = self.streams[req.stream].priority
+        busy = sum(1 for n, k in self._in_flight.items()
+                   if k > 0 and (not self.fair_per_class or self.streams[n].priority == cls))
         tag = max(self.now, self._finish_tag[req.stream])
         self._finish_tag[req.stream] = tag + req.plan.seconds() * max(1, busy)
         return tag + prio

@@ -65,10 +65,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream
 
 SLO_S = 0.033
-MODES = (("independent_sessions", Mode.INDEPENDENT, "alone"), ("runtime_fifo", Mode.RUNTIME_FIFO, "alone"),
-         ("runtime_scheduled_alone_placement", Mode.RUNTIME_SCHEDULED, "alone"),
-         ("runtime_scheduled", Mode.RUNTIME_SCHEDULED, "joint"))
-"""(label, serving discipline, placement): the third isolates the scheduler from joint placement."""
+MODES = (("independent_sessions", Mode.INDEPENDENT, "alone", False),
+         ("runtime_fifo", Mode.RUNTIME_FIFO, "alone", False),
+         ("runtime_scheduled_alone_placement", Mode.RUNTIME_SCHEDULED, "alone", False),
+         ("runtime_scheduled", Mode.RUNTIME_SCHEDULED, "joint", False),
+         ("what_if_fair_tags_per_class", Mode.RUNTIME_SCHEDULED, "joint", True))
+"""(label, serving discipline, placement, fair tags per class): the third isolates the scheduler from joint
+placement; the last is a what-if, not the scheduler's code: its fair tags counting only the sessions of
+the request's own class (the change suggested to its owner)."""
 TARGETS = {"slo_satisfaction_high": ">= 0.99 where independent sessions fall below it",
            "background_throughput_ratio": ">= 1.3 at that load", "worker_threads": "independent of the sessions",
            "board_energy_per_request_j": "no higher than independent sessions'"}
@@ -215,8 +219,8 @@ def board_case(soc: str, nets: Mapping[str, onnx.ModelProto], args: argparse.Nam
         mix = streams(n, args.per_result, args.fps)
         plans = plans_for(soc, nets, mix)
         row: dict[str, Any] = {"background_sessions": n}
-        for label, mode, which in MODES:
-            result = Replay(mode, mix, plans[which], plans["devices"]).run(args.seconds)
+        for label, mode, which, per_class in MODES:
+            result = Replay(mode, mix, plans[which], plans["devices"], fair_per_class=per_class).run(args.seconds)
             row[label] = summarise(result, mix)
         ind, sch = row[Mode.INDEPENDENT.value], row[Mode.RUNTIME_SCHEDULED.value]
         row["background_throughput_ratio"] = (round(sch["background_throughput"] / ind["background_throughput"], 3)
