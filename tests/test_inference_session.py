@@ -252,7 +252,7 @@ def test_run_from_several_threads(cpu: list[str]) -> None:
             try:
                 for _ in range(20):
                     np.testing.assert_allclose(sess.run([], {"X": x})[0], x * x)
-            except BaseException as exc:  # noqa: BLE001 (collected for the assert below)
+            except BaseException as exc:  # collected for the assert below
                 errors.append(exc)
 
         threads = [threading.Thread(target=work) for _ in range(4)]

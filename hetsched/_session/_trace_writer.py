@@ -83,7 +83,7 @@ def _dumps(obj: Any) -> str:
 
 
 def _open_binary(path: str) -> BinaryIO:
-    return open(path, "wb", buffering=0)  # noqa: SIM115 (closed by close(), on every exit path)
+    return open(path, "wb", buffering=0)  # closed by close(), on every exit path
 
 
 class TraceWriter:
