@@ -110,3 +110,21 @@ def test_contended_prices_once_and_caps_saturation() -> None:
 def test_bad_reservation_inputs_are_placement_errors(bad: object) -> None:
     with pytest.raises(PlacementError):
         bad()  # type: ignore[operator]
+
+
+def test_build_plan_places_a_second_model_where_the_first_leaves_room() -> None:
+    # the planner end to end on the rk3588 twin: SqueezeNet alone takes the Mali; a first session
+    # keeping the Mali 60 % busy at the same priority sends it to the NPU; one of a lower class
+    # (BACKGROUND, served after it) does not
+    from hetsched import load_model
+    from hetsched.backends.sim import twin_devices
+    from hetsched.lowlevel import GraphIndex, build_plan
+
+    index, devices = GraphIndex(load_model("light_squeezenet")), twin_devices("rk3588")
+    assert {s.device for s in build_plan(index, devices).stages} == {"gpu"}
+    first = Reservation("first", {"gpu": 0.6}, priority=Priority.NORMAL)
+    joint = build_plan(index, devices, reservations=(first,), priority=Priority.NORMAL)
+    assert {s.device for s in joint.stages} == {"npu"}
+    behind = Reservation("bulk", {"gpu": 0.6}, priority=Priority.BACKGROUND)
+    urgent = build_plan(index, devices, reservations=(behind,), priority=Priority.HIGH)
+    assert {s.device for s in urgent.stages} == {"gpu"}
