@@ -71,23 +71,24 @@ def dominant_device(problem: PlacementProblem, weight: Mapping[str, float] | Non
     one does: all units there is then the optimum of :func:`coarsen`'s objective (the serial time
     of a request: weighted compute plus hand-offs, which it has none of), since no placement can
     spend less than each unit's least weighted compute. ``None`` where no device does (ties:
-    the least total, then the first in ``problem.devices``). Linear in units times devices.
+    the least total, then the first in ``problem.devices``). Linear in units times devices, and
+    it stops at the first units that rule out every device.
     """
     cost = problem.cost
     w = {d: 1.0 if weight is None else weight.get(d, 1.0) for d in problem.devices}
-    able = [d for d in problem.devices if all(d in u.candidates for u in problem.units)]
-    if not able:
-        return None
-    totals = dict.fromkeys(able, 0.0)
-    floor = 0.0  # no placement's serial time is below this
+    alive = [d for d in problem.devices if all(d in u.candidates for u in problem.units)]
+    totals = dict.fromkeys(alive, 0.0)
     for u in problem.units:
+        if not alive:
+            return None
         uid = u.id
-        least = min(w[d] * cost[(uid, d)] for d in u.candidates)
-        floor += least
-        for d in able:
-            totals[d] += w[d] * cost[(uid, d)]
-    best = min(able, key=lambda d: totals[d])
-    return best if totals[best] <= floor * (1 + _REL_EPS) else None
+        here = {d: w[d] * cost[(uid, d)] for d in u.candidates}
+        bound = min(here.values()) * (1 + _REL_EPS)
+        if any(here[d] > bound for d in alive):
+            alive = [d for d in alive if here[d] <= bound]
+        for d in alive:
+            totals[d] += here[d]
+    return min(alive, key=lambda d: totals[d]) if alive else None
 
 
 def coarsen(problem: PlacementProblem, assignment: Mapping[int, str], launch: Mapping[str, float],
