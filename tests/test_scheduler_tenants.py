@@ -397,6 +397,30 @@ async def test_a_streams_request_made_ahead_is_charged_its_fair_share_once_when_
     assert a.statistics().in_flight == 0
 
 
+async def test_shares_are_among_the_tenants_of_one_class(board: _Board) -> None:
+    """Three BACKGROUND tenants with requests in flight take no share of the NORMAL class: the
+    NORMAL tenant's fair tags advance by its own cost per request, as if alone in its class."""
+    bgs = [board.attach(f"bg{i}", cost_s=0.01) for i in range(3)]
+    for t in bgs:
+        board.request(t, Priority.BACKGROUND)
+    a = board.attach("A", cost_s=0.01)
+    reqs = [board.request(a, Priority.NORMAL, i) for i in range(3)]
+    step = int(Priority.NORMAL) * 0.01
+    assert [r.key for r in reqs] == [pytest.approx(0.0 + step), pytest.approx(0.01 + step),
+                                     pytest.approx(0.02 + step)]
+    b = board.attach("B", cost_s=0.01)  # a second NORMAL tenant: now each gets half the class
+    board.request(b, Priority.NORMAL, 10)
+    assert board.request(a, Priority.NORMAL, 3).key == pytest.approx(0.03 + step)
+    assert board.request(a, Priority.NORMAL, 4).key == pytest.approx(0.05 + step)
+    for t in (*bgs, a, b):  # never pushed: close them so that the tenants let go
+        with t._lock:
+            left = list(t._requests)
+        for req in left:
+            with req.lock:
+                req.closed = True
+                req.finalize_locked()
+
+
 async def test_a_tenant_alone_keeps_admission_order(board: _Board) -> None:
     a = board.attach("A", cost_s=0.01)
     blocker = board.request(a, Priority.NORMAL, -1)

@@ -32,8 +32,8 @@ The heap key of a stage (a float; smaller runs first) is a *class term* plus a *
   time. With several tenants attached, a request's time term is a *start tag* of weighted
   fair queuing in seconds (Zhang's VirtualClock with each tenant's rate its share of the
   active tenants' weights), kept per tenant and class: ``start = max(now, finish[tenant, class])``,
-  ``finish[tenant, class] = start + cost / share``, ``share = weight / sum(weights of tenants with
-  requests in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
+  ``finish[tenant, class] = start + cost / share``, ``share = weight / sum(weights of the tenants with
+  requests of that class in flight)`` and ``cost`` the request's estimated stage seconds. Two backlogged
   tenants of weights 3 and 1 get the device 3:1; a tenant alone keeps admission order (one
   left alone by a detach keeps its tags until real time has caught up with them, so its new
   requests never pass its queued ones).
@@ -153,7 +153,7 @@ def fair_tag(tenant: Tenant, now: float, priority: int, program: Program) -> flo
         if not sch.shared and max(tags.values(), default=0.0) <= now:
             tags.clear()
             return now
-        active = sum(t.weight for t in sch.tenants() if t.live > 0 or t is tenant)
+        active = sum(t.weight for t in sch.tenants() if t is tenant or t.live_by_class.get(priority, 0) > 0)
         start = max(now, tags.get(priority, 0.0))
         tags[priority] = start + cost * active / tenant.weight
     return start

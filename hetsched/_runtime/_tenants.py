@@ -135,6 +135,8 @@ class Tenant:
         self.failed = 0
         self.cancelled = 0
         self.live = 0
+        self.live_by_class: dict[int, int] = {}
+        """Requests made and not finalized, per priority class (whose weights share a class)."""
         self.slo_met = 0
         self.slo_missed = 0
         self.slo_flagged = 0
@@ -324,6 +326,7 @@ class Tenant:
         with self._lock:
             self.requests += 1
             self.live += 1
+            self.live_by_class[priority] = self.live_by_class.get(priority, 0) + 1
             self._requests.add(req)
         if slo is not None:
             req.deadline = float(slo)  # admitted at 0.0 until admit(): deadline - admitted is the SLO
@@ -353,6 +356,7 @@ class Tenant:
         deadline = req.deadline
         with self._lock:
             self.live -= 1
+            self.live_by_class[req.priority] -= 1
             self._requests.discard(req)
             if req.error is not None:
                 self.failed += 1
