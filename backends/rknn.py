@@ -54,6 +54,7 @@ from hetsched._errors import (
     StageExecutionError,
     ToolkitWorkerError,
 )
+from hetsched._planning.fold import restore_control_flow_dims
 from hetsched._rknn.accuracy import StageAccuracy, compile_time_accuracy
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
 from hetsched._rknn.env import toolkit_unavailable_reason
@@ -75,6 +76,12 @@ __all__ = [
     "rknn_capabilities",
     "toolkit_unavailable_reason",
 ]
+
+PROBE_PASSED = "probe_passed"
+"""Key in a cached verdict's accuracy: the stage passed its compile-time probe run
+(``backends._probe``) when it was stored. A cache hit whose ``.rknn`` verifies against the
+sha256 its verdict recorded then skips the probe run (the toolkit simulator still rebuilds the
+stage from ONNX: it cannot run a loaded ``.rknn``)."""
 
 
 # Listed unsupported by the op-support document yet converted and run correctly by the
@@ -331,15 +338,11 @@ class _TwinRknnStage(SimStage):
                                          accuracy=inner)
 
     def run(self, feeds: Mapping[str, np.ndarray], state: object = None) -> list[np.ndarray]:
-        t0 = time.perf_counter()
-        out = self.rknn.run(feeds, state=state)
-        self._account(time.perf_counter() - t0)
-        return out
+        # one run in flight on the shared twin board: two sessions on the twin's NPU share its cores
+        return self._timed(lambda: self.rknn.run(feeds, state=state))
 
     def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Any, state: object = None) -> None:
-        t0 = time.perf_counter()
-        self.rknn.run_into(feeds, outputs, state=state)
-        self._account(time.perf_counter() - t0)
+        self._timed(lambda: self.rknn.run_into(feeds, outputs, state=state))
 
     def worker_state(self, worker: WorkerInfo) -> object:
         return self.rknn.worker_state(worker)
@@ -428,7 +431,8 @@ class RknnBackend:
 
         opts = device.options
         try:
-            prepared = prepare_stage(model, opts.get("shapes"))
+            # the fixed dims a control-flow stage declares free for onnxruntime: the converter needs them
+            prepared = prepare_stage(restore_control_flow_dims(model), opts.get("shapes"))
         except CompileError as exc:
             raise CompileError(f"{device}: {exc}") from exc
         data = prepared.SerializeToString()
@@ -473,13 +477,19 @@ class RknnBackend:
                           cached=verdict is not None, key=key, rknn_path=cache.rknn_path(key), precision=precision,
                           model_sha256=hashlib.sha256(data).hexdigest())
         try:
-            self._probe(stage, data, specs, precision, calibration, cache, key, version, target)
+            if verdict is not None and verdict.accuracy is not None and verdict.accuracy.get(PROBE_PASSED):
+                # a verified cache hit (the .rknn hashes to the sha256 its verdict recorded) of a
+                # stage that passed its probe run on these inputs: the proof is in the verdict
+                stage.proven = True
+            else:
+                self._probe(stage, data, specs, precision, calibration, cache, key, version, target)
             if not device.options.get("trial"):  # a refusal trial is closed at once
                 stage.prebuild(len(self.worker_cpus(device)))
             stored = StageAccuracy.from_json(verdict.accuracy) if verdict is not None and verdict.accuracy else None
             stage.accuracy = compile_time_accuracy(stage, data, calibration, stored, keyed_calibration=quantize)
-            if stage.accuracy is not None and stage.accuracy is not stored:
-                cache.record_accuracy(key, dataclasses.asdict(stage.accuracy))
+            recorded = verdict is not None and verdict.accuracy is not None and verdict.accuracy.get(PROBE_PASSED)
+            if stage.accuracy is not None and (stage.accuracy is not stored or not recorded):
+                cache.record_accuracy(key, {**dataclasses.asdict(stage.accuracy), PROBE_PASSED: True})
         except BaseException:
             stage.close()
             raise

@@ -54,6 +54,7 @@ from hetsched._errors import (
     DeviceSpecError,
     StageExecutionError,
 )
+from hetsched._planning.fold import restore_control_flow_dims
 
 from ._base import BackendHooks, Capabilities, CompiledStage, Device, StageHooks, TensorSpec, WorkerInfo
 from ._tensorrt_build import bake_static_shapes, build_serialized_engine, build_settings, parse_version
@@ -363,6 +364,8 @@ class TensorRtBackend:
             raise BackendUnavailableError(f"{device}: no usable CUDA GPU {device_id} ({exc}); the tensorrt "
                                           "backend needs one") from exc
         try:
+            # the fixed dims a control-flow stage declares free for onnxruntime: an engine needs them
+            model = restore_control_flow_dims(model)
             settings = build_settings(model, opts, version=parse_version(str(trt.__version__)), dla_core=dla_core)
             prepared, settings = bake_static_shapes(model, settings)
         except CompileError as exc:

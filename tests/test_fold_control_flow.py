@@ -123,3 +123,22 @@ def test_silero_vad_runs_on_the_rk3588_twin_with_fixed_shapes(tmp_path: Path,
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     assert "control-flow" in table  # the If's reason for not going to the NPU
+
+
+def test_an_accelerator_gets_the_fixed_dims_back() -> None:
+    """The relaxed declaration is for onnxruntime only: the stage records the fixed dims and an
+    accelerator's converter (static shapes only) takes them back (the NPU then refuses the control
+    flow in the toolkit's own words, not for a free dim hetsched made)."""
+    from hetsched._planning.fold import CONTROL_FLOW_DIMS, restore_control_flow_dims
+
+    index = GraphIndex(with_input_shapes(_if_model(), {"x": (1, 512)}))
+    spec = StageSpec(id=0, name="stage0", device="npu", nodes=(0, 1), units=(0,), inputs=("x", "flag"),
+                     outputs=("y",), deps=())
+    stage = extract_stage(index, spec)
+    assert {p.key for p in stage.metadata_props} == {CONTROL_FLOW_DIMS}
+    back = restore_control_flow_dims(stage)
+    dims = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in back.graph.input}
+    assert dims == {"x": [1, 512], "flag": []} and not back.metadata_props
+    assert restore_control_flow_dims(back) is back  # nothing recorded: the same model
+    # the relaxed stage itself is unchanged by restoring a copy
+    assert [d.dim_param for d in stage.graph.input[0].type.tensor_type.shape.dim] == ["x_dim0", "x_dim1"]

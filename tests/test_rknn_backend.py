@@ -280,14 +280,17 @@ def test_a_cache_hit_reuses_the_measured_accuracy(twin_root: Path, tmp_path: Pat
     again = backend.compile(model, dev, name="s")
     hit = again.rknn.statistics()  # type: ignore[attr-defined]
     again.close()
-    # a cache hit proves itself once more (its probe run), the accuracy is not measured again
-    assert hit.cached and hit.accuracy == measured.accuracy and hit.runs == 1
+    # a verified cache hit of a stage whose verdict says it passed its probe run: no probe run
+    # again (a cached open pays the simulator's rebuild only), the accuracy is not measured again
+    assert hit.cached and hit.accuracy == measured.accuracy and hit.runs == 0
+    assert again.rknn.proven  # type: ignore[attr-defined]
     (verdict,) = tmp_path.rglob("*.json")
     data = json.loads(verdict.read_text())
+    assert data["accuracy"]["probe_passed"] is True
     del data["accuracy"]  # an entry written before accuracies were kept: measured again, then kept
     verdict.write_text(json.dumps(data))
     old = backend.compile(model, dev, name="s")
     remeasured = old.rknn.statistics()  # type: ignore[attr-defined]
     old.close()
     assert remeasured.runs == 1 + RANDOM_SAMPLES and remeasured.accuracy == measured.accuracy
-    assert "accuracy" in json.loads(verdict.read_text())
+    assert json.loads(verdict.read_text())["accuracy"]["probe_passed"] is True

@@ -7,6 +7,7 @@ would load is decided by ``board_rknn_path`` (tested below on a manifest and fil
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,10 @@ def test_compile_writes_manifest_and_files_and_a_second_run_converts_nothing(tmp
     assert cli(argv) == 0
     first = capsys.readouterr().err
     assert "converting 1/" in first and "ETA" in first and " 0 from the cache" in first
+    # the quantized model against fp32 onnxruntime, per output (issue 24: INT8 accuracy reported)
+    (line,) = [ln for ln in first.splitlines() if ln.startswith("int8 vs fp32 onnxruntime on 4 calibration")]
+    cosines = [float(c) for c in re.findall(r"cosine (\d\.\d+), max abs err", line)]
+    assert cosines and all(0.99 <= c <= 1.0 for c in cosines), line
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["toolkit_version"] and manifest["target"] == "rk3588"
     stages = manifest["stages"]

@@ -85,7 +85,17 @@ def test_no_stage_hands_on_shape_arithmetic_with_fixed_shapes(yolo: Path, twin_r
     assert npu and sum(index.nodes[n].op_type == "Conv" for s in npu for n in s.nodes) == convs, plan.table()
 
 
-def test_the_unfolded_plan_hands_on_shape_tensors_and_the_check_finds_them(yolo: Path, twin_root: Path) -> None:
+@pytest.fixture
+def unguarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner without its own guard (merge_stages computes shape arithmetic in each stage
+    reading it): what it did before, so the check behind it is seen to work."""
+    from hetsched._planning import partition
+
+    monkeypatch.setattr(partition, "shape_nodes", lambda index: [False] * len(index.nodes))
+
+
+def test_the_unfolded_plan_hands_on_shape_tensors_and_the_check_finds_them(yolo: Path, twin_root: Path,
+                                                                           unguarded: None) -> None:
     # what the planner did before folding: the check itself must see 0-d and int64 shape outputs
     index = GraphIndex(with_input_shapes(load_model(yolo), {"images": SHAPE}))
     plan = build_plan(index, _twin_devices(twin_root), "power-thermal")
@@ -96,7 +106,8 @@ def test_the_unfolded_plan_hands_on_shape_tensors_and_the_check_finds_them(yolo:
     assert refused and all(dev == "npu" and "must not hand on" in why for (_, dev), why in refused.items())
 
 
-def test_plan_and_compile_places_shape_arithmetic_units_off_the_accelerator(yolo: Path, twin_root: Path) -> None:
+def test_plan_and_compile_places_shape_arithmetic_units_off_the_accelerator(yolo: Path, twin_root: Path,
+                                                                           unguarded: None) -> None:
     # the guard where folding cannot help: the refused units leave the NPU before anything compiles
     index = GraphIndex(with_input_shapes(load_model(yolo), {"images": SHAPE}))
     devices = _twin_devices(twin_root)
@@ -117,6 +128,14 @@ def test_plan_and_compile_places_shape_arithmetic_units_off_the_accelerator(yolo
     kinds = {d.name: d.kind for d in final.devices}
     accel = [s for s in final.stages if kinds[s.device] != "cpu"]
     assert shape_boundaries(index, accel, final.graph_outputs) == []
+
+
+def test_the_planner_itself_keeps_unfolded_shape_arithmetic_with_its_readers(yolo: Path, twin_root: Path) -> None:
+    # the same unfolded index: merge_stages computes each shape value in the stage reading it
+    index = GraphIndex(with_input_shapes(load_model(yolo), {"images": SHAPE}))
+    plan = build_plan(index, _twin_devices(twin_root), "power-thermal")
+    assert shape_boundaries(index, plan.stages, plan.graph_outputs) == [], plan.table()
+    assert shape_refusals(index, plan) == {}
 
 
 class _Stop(Exception):

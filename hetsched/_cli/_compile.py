@@ -97,6 +97,34 @@ def calibration_arg(args: argparse.Namespace, model: Any, prog: str) -> list[dic
     return feeds
 
 
+INT8_CHECK_SAMPLES = 4
+"""Calibration samples ``compile --int8`` runs through the whole session and fp32 onnxruntime."""
+
+
+async def int8_vs_fp32(session: Any, model_path: Any, calibration: list[dict[str, Any]],
+                       samples: int = INT8_CHECK_SAMPLES) -> dict[str, Any]:
+    """The quantized session against fp32 onnxruntime on the whole model, per output: the least
+    cosine and the largest absolute error over the first ``samples`` calibration feeds
+    (``{"samples": n, "outputs": {name: {"cosine", "max_abs_diff"}}}``)."""
+    from hetsched._onnxruntime import ort_session
+    from hetsched._planning.model import load_model
+
+    from ._common import compare_outputs
+
+    ref = ort_session(load_model(model_path).SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in ref.get_outputs()]
+    per: dict[str, dict[str, float]] = {}
+    used = calibration[:max(1, samples)]
+    for feeds in used:
+        want = dict(zip(names, ref.run(None, dict(feeds)), strict=True))
+        got = await session.run(dict(feeds))
+        for name, v in compare_outputs(want, dict(got))["outputs"].items():
+            cur = per.setdefault(name, {"cosine": 1.0, "max_abs_diff": 0.0})
+            cur["cosine"] = min(cur["cosine"], v["cosine"])
+            cur["max_abs_diff"] = max(cur["max_abs_diff"], v["max_abs_diff"])
+    return {"samples": len(used), "outputs": per}
+
+
 def with_accuracy(session: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` (the plan's stages as JSON) with ``accuracy`` ({min_cosine, max_rel_error,
     samples}) added to each NPU stage that measured it."""
@@ -108,8 +136,8 @@ def with_accuracy(session: Any, rows: list[dict[str, Any]]) -> list[dict[str, An
 
 def main(args: argparse.Namespace) -> int:
     from hetsched import Session
-    from hetsched._errors import ModelError
     from hetsched._devices.resolve import resolve_devices
+    from hetsched._errors import ModelError
     from hetsched._planning.plan import build_plan
     from hetsched._rknn.manifest import ManifestEntry, write_manifest
     from hetsched._session._setup import load_index
@@ -139,11 +167,16 @@ def main(args: argparse.Namespace) -> int:
         async with Session(model_path, devices=devices, root=root, shapes=shapes, calibration=calibration) as s:
             entries, version = _entries(s, npu.name, args.target)
             comp = s.statistics().compile
+            check = await int8_vs_fp32(s, model_path, calibration) if calibration else None
         if not entries:
             raise ModelError(f"no stage of {args.model} can run on the {args.target} NPU")
         path = write_manifest(out, entries, model=str(args.model), target=args.target, toolkit_version=version)
         print(f"{len(entries)} NPU stage(s): {comp.conversions} converted, {comp.cache_hits} from the cache, "
               f"{comp.seconds:.1f} s converting; manifest {path}", file=sys.stderr)
+        if check is not None:
+            worst = ", ".join(f"output {name!r}: cosine {v['cosine']:.6f}, max abs err {v['max_abs_diff']:.4g}"
+                              for name, v in check["outputs"].items())
+            print(f"int8 vs fp32 onnxruntime on {check['samples']} calibration sample(s): {worst}", file=sys.stderr)
         if args.json:
             print(path.read_text())
         return 0

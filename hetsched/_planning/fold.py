@@ -23,6 +23,7 @@ as the very same object.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 __all__ = [
+    "CONTROL_FLOW_DIMS",
     "FOLD",
     "FoldConfig",
     "FoldStatistics",
@@ -39,6 +41,7 @@ __all__ = [
     "control_flow_reads",
     "fold_shape_arithmetic",
     "relax_control_flow_inputs",
+    "restore_control_flow_dims",
     "shape_boundaries",
 ]
 
@@ -55,6 +58,10 @@ class FoldConfig:
 
 
 FOLD = FoldConfig()
+
+CONTROL_FLOW_DIMS = "hetsched.control_flow_fixed_dims"
+"""Stage-model metadata key: ``{input: fixed dims}`` of the inputs :func:`relax_control_flow_inputs`
+declared free for onnxruntime."""
 
 _SEEDS = frozenset({"Shape", "Size"})
 _NEVER = frozenset({
@@ -285,18 +292,51 @@ def relax_control_flow_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     if not reads:
         return model
     inits = {t.name for t in model.graph.initializer}
+    fixed: dict[str, list[int]] = {}
     for vi in model.graph.input:
         if vi.name not in reads or vi.name in inits or vi.type.WhichOneof("value") != "tensor_type":
             continue
         shape = vi.type.tensor_type.shape
+        dims = [int(d.dim_value) if d.HasField("dim_value") else -1 for d in shape.dim]
+        if dims and all(d >= 0 for d in dims):
+            fixed[vi.name] = dims
         for k, d in enumerate(shape.dim):
             d.Clear()
             d.dim_param = f"{vi.name}_dim{k}"
+    if fixed:  # an accelerator (static shapes only) or a cost model takes them back
+        model.metadata_props.add(key=CONTROL_FLOW_DIMS, value=json.dumps(fixed, sort_keys=True))
     kept = [vi for vi in model.graph.value_info if vi.name not in reads]
     if len(kept) != len(model.graph.value_info):
         del model.graph.value_info[:]
         model.graph.value_info.extend(kept)
     return model
+
+
+def restore_control_flow_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the fixed dims :func:`relax_control_flow_inputs` freed for onnxruntime put
+    back on its graph inputs (a copy; ``model`` itself when it has none): for an accelerator's
+    converter, which needs static shapes (and refuses the control flow itself, in its own words),
+    and for a cost model that sizes the stage's inputs."""
+    found = next((p.value for p in model.metadata_props if p.key == CONTROL_FLOW_DIMS), None)
+    if found is None:
+        return model
+    try:
+        fixed = {str(k): [int(d) for d in v] for k, v in json.loads(found).items()}
+    except (ValueError, TypeError, AttributeError):
+        return model  # not ours: nothing to put back
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [p for p in out.metadata_props if p.key != CONTROL_FLOW_DIMS]
+    del out.metadata_props[:]
+    out.metadata_props.extend(kept)
+    for vi in out.graph.input:
+        dims = fixed.get(vi.name)
+        if dims is None or vi.type.WhichOneof("value") != "tensor_type" or len(vi.type.tensor_type.shape.dim) != len(dims):
+            continue
+        for d, v in zip(vi.type.tensor_type.shape.dim, dims, strict=True):
+            d.Clear()
+            d.dim_value = v
+    return out
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,8 @@ def stage_accuracy(session: Any) -> dict[str, StageAccuracy]:
     """``{stage name: accuracy}`` of an open session's stages that measured one (NPU stages)."""
     out: dict[str, StageAccuracy] = {}
     for st in getattr(session, "_stages", ()):
-        inner = getattr(st.compiled, "rknn", st.compiled)  # a twin stage wraps the RKNN stage
-        stats_fn = getattr(inner, "statistics", None)
-        acc = getattr(stats_fn(), "accuracy", None) if callable(stats_fn) else None
+        probed = st.hooks.accuracy  # a twin RKNN stage declares the RknnStage it wraps
+        acc = probed.statistics().accuracy if probed is not None else None
         if isinstance(acc, StageAccuracy):
             out[st.spec.name] = acc
     return out
