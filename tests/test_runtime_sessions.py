@@ -393,3 +393,29 @@ async def test_a_session_is_placed_knowing_the_load_the_others_put_on_the_board(
             # alone on the board, the same model goes to the fast device
             async with Session(_chain(), runtime=rt, policy="heft", name="alone") as alone:
                 assert {st.device for st in alone.plan.stages} == {"fast"}
+
+
+async def test_the_runtime_wide_admission_limit_spans_its_sessions(anyio_backend: str) -> None:
+    class _Concurrency(hetsched.Hooks):
+        def __init__(self) -> None:
+            self.now = 0
+            self.peak = 0
+
+        def request_start(self, info: hetsched.EventInfo) -> None:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+        def request_end(self, info: hetsched.EventInfo) -> None:
+            self.now -= 1
+
+    seen = _Concurrency()  # REQUEST_START/END run on the event loop, between taking and giving back a slot
+    x = np.ones(16, np.float32)
+    async with Runtime(devices=["cpu:0"], max_in_flight=2) as rt:
+        async with Session(_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as a, \
+                   Session(_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as b:
+            async with anyio.create_task_group() as tg:
+                for s in (a, b) * 10:
+                    tg.start_soon(s.run, {"x": x})
+            assert rt.statistics().max_in_flight == 2
+        assert a.statistics().requests_completed == b.statistics().requests_completed == 10
+    assert seen.peak == 2  # each session alone would have admitted 8
