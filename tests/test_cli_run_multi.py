@@ -115,3 +115,37 @@ def test_independent_sessions_start_a_worker_set_each(capsys: pytest.CaptureFixt
     assert "board_energy_split_j" not in independent["models"][0]
     # one device: a worker per session and device, against one worker for both on the runtime
     assert independent["worker_threads"] > shared["worker_threads"]
+
+
+def _free_dims_model(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "free", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_shape_fixes_the_inputs_of_the_models_that_have_them(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    free = str(_free_dims_model(tmp_path / "free.onnx"))
+    argv = ["run", free, "light_squeezenet", "--devices", "cpu:0", "--duration", "0.3", "--warmup", "0", "--json"]
+    assert main(argv) == 1  # free dims left: one line naming the input and the --shape to pass
+    assert "shape" in capsys.readouterr().err
+    assert main([*argv, "--shape", "x=2,4"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["models"][0]["requests"] >= 1
+    with pytest.raises(SystemExit, match="no model has an input of that name"):
+        main([*argv, "--shape", "x=2,4", "--shape", "nosuch=1"])
+
+
+def test_a_workload_can_fix_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    free = str(_free_dims_model(tmp_path / "free.onnx"))
+    wl = tmp_path / "mix.json"
+    wl.write_text(json.dumps({"duration_s": 0.3, "models": [{"model": free, "shape": {"x": [3, 4]}}]}))
+    assert main(["run", "--workload", str(wl), "--devices", "cpu:0", "--warmup", "0", "--json"]) == 0
+    wl.write_text(json.dumps({"models": [{"model": free, "shape": {"x": [0, 4]}}]}))
+    with pytest.raises(SystemExit, match="lists of positive integers"):
+        main(["run", "--workload", str(wl)])

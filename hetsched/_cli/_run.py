@@ -195,7 +195,7 @@ def governor_statistics(hooks: list) -> dict:
 
 _SINGLE_ONLY: tuple[tuple[str, object, str], ...] = (("governor", "none", "--governor"), ("trace", None, "--trace"), ("stream", False, "--stream"),
                 ("check", False, "--check"), ("frame_deadline_ms", None, "--frame-deadline-ms"),
-                ("concurrency", 1, "--concurrency"), ("shape", [], "--shape"))
+                ("concurrency", 1, "--concurrency"))
 
 
 def _check_multi_args(args: argparse.Namespace) -> None:

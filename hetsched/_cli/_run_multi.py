@@ -5,11 +5,12 @@ Each model gets an offered load: ``--rate`` requests per second (open loop: requ
 due at ``k / rate`` and its latency counts from then, queueing included), ``0`` for a closed
 loop (the next request as soon as the last one returned); ``--priority`` its requests'
 :class:`hetsched.Priority`; ``--slo-ms`` the deadline its latency is judged by (``-``: none).
-Each list has one value per model, or one value for all. ``--workload FILE`` gives the same as
+Each list has one value per model, or one value for all; ``--shape NAME=D0,D1,...`` fixes the
+input ``NAME`` of every model that has one. ``--workload FILE`` gives the same as
 JSON::
 
     {"duration_s": 5, "models": [
-        {"model": "det.onnx", "rate": 30, "priority": "high", "slo_ms": 33},
+        {"model": "det.onnx", "rate": 30, "priority": "high", "slo_ms": 33, "shape": {"x": [1, 3, 416, 416]}},
         {"model": "light_squeezenet", "rate": 0, "priority": "background"}]}
 
 The models are attached to one :class:`hetsched.Runtime` (one set of device workers; every
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import threading
@@ -60,6 +62,8 @@ class ModelLoad:
     """Requests per second, open loop; 0: one closed loop."""
     priority: Priority
     slo_s: float | None
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Fixed shapes of its inputs (``--shape`` for the inputs it has, or the workload's ``"shape"``)."""
 
 
 def add_multi_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +129,18 @@ def _slo(text: str | float | None, where: str) -> float | None:
     return ms / 1e3
 
 
+def _shape_obj(value: object, where: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and v and all(isinstance(d, int) and not isinstance(d, bool)
+                                                                   and d > 0 for d in v)
+        for k, v in value.items()
+    ):
+        raise SystemExit(f"hetsched run: {where}: \"shape\" must map input names to lists of positive integers")
+    return tuple((k, tuple(v)) for k, v in value.items())
+
+
 def _from_file(path: str) -> tuple[list[ModelLoad], float | None]:
     try:
         data = json.loads(Path(path).read_text())
@@ -139,11 +155,11 @@ def _from_file(path: str) -> tuple[list[ModelLoad], float | None]:
         where = f"--workload {path} models[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("model"), str):
             raise SystemExit(f"hetsched run: {where}: expected an object with a \"model\" path or name")
-        unknown = set(m) - {"model", "rate", "priority", "slo_ms"}
+        unknown = set(m) - {"model", "rate", "priority", "slo_ms", "shape"}
         if unknown:
             raise SystemExit(f"hetsched run: {where}: unknown keys {sorted(unknown)}")
         loads.append(ModelLoad(m["model"], _rate(m.get("rate"), where), _priority(m.get("priority"), where),
-                               _slo(m.get("slo_ms"), where)))
+                               _slo(m.get("slo_ms"), where), _shape_obj(m.get("shape"), where)))
     duration = data.get("duration_s")
     if duration is not None and not (isinstance(duration, (int, float)) and 0 < duration < math.inf):
         raise SystemExit(f"hetsched run: --workload {path}: duration_s {duration!r} must be a number of seconds > 0")
@@ -170,6 +186,34 @@ def parse_loads(args: argparse.Namespace) -> tuple[list[ModelLoad], float]:
     loads = [ModelLoad(m, _rate(r, "--rate"), _priority(p, "--priority"), _slo(s, "--slo-ms"))
              for m, r, p, s in zip(names, rates, prios, slos, strict=True)]
     return loads, args.duration or DEFAULT_DURATION_S
+
+
+def with_shapes(loads: list[ModelLoad], items: Sequence[str]) -> list[ModelLoad]:
+    """Each model with the ``--shape`` items naming one of its inputs (its own ``"shape"`` wins);
+    then checked: a model left with free dims is a :class:`~hetsched.FreeDimsError` naming them.
+
+    :raises SystemExit: a ``--shape`` item names an input no model has, or is malformed.
+    """
+    from hetsched import load_model
+
+    from ._common import parse_shapes, require_shapes
+
+    given = parse_shapes(items, "hetsched run")
+    used: set[str] = set()
+    out = []
+    for load in loads:
+        path = resolve_model_arg(load.model)
+        model = load_model(path, check=False, infer_shapes=False)
+        inputs = {i.name for i in model.graph.input}
+        shapes = {k: v for k, v in given.items() if k in inputs}
+        used |= set(shapes)
+        shapes.update(dict(load.shapes))
+        require_shapes(path, shapes, f"hetsched run's inputs of {load.model}")
+        out.append(dataclasses.replace(load, shapes=tuple(shapes.items())))
+    unused = sorted(set(given) - used)
+    if unused:
+        raise SystemExit(f"hetsched run: --shape {', '.join(unused)}: no model has an input of that name")
+    return out
 
 
 @dataclass
@@ -259,11 +303,11 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
             load, name = loads[i], names[i]
             model = resolve_model_arg(load.model)
             session = (Session(model, devices=devices, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
-                               root=args.root or "/", name=name) if rt is None else
+                               root=args.root or "/", name=name, shapes=dict(load.shapes)) if rt is None else
                        Session(model, runtime=rt, policy=args.policy, max_unit_nodes=args.max_unit_nodes,
-                               slo_s=load.slo_s, priority=load.priority, name=name))
+                               slo_s=load.slo_s, priority=load.priority, name=name, shapes=dict(load.shapes)))
             s = await stack.enter_async_context(session)
-            feeds = random_feeds(s.get_inputs())
+            feeds = random_feeds(s.get_inputs(), shapes=dict(load.shapes))
             for _ in range(args.warmup):
                 await s.run(feeds, priority=load.priority)
             opened[i] = (s, feeds)
@@ -320,6 +364,7 @@ def _print(summary: dict[str, Any]) -> None:
 def run_multi(args: argparse.Namespace) -> int:
     """``hetsched run`` with several models (or a workload): serve them at once and report per model."""
     loads, duration = parse_loads(args)
+    loads = with_shapes(loads, args.shape)
     summary = anyio.run(_serve, args, loads, duration)
     if args.json:
         print(json.dumps(summary))
