@@ -132,9 +132,16 @@ async def test_attach_and_detach_while_another_session_serves_loses_nothing(anyi
 
 
 async def test_closing_the_runtime_closes_sessions_still_attached(anyio_backend: str) -> None:
+    class _Ends(hetsched.Hooks):
+        ended = 0
+
+        def session_end(self, info: hetsched.EventInfo) -> None:
+            self.ended += 1
+
+    ends = _Ends()
     x = np.ones(16, np.float32)
     rt = Runtime(devices=["cpu:0"])
-    s = Session(_chain(), runtime=rt)
+    s = Session(_chain(), runtime=rt, hooks=[ends])
     async with rt:
         await s.__aenter__()
         await s.run({"x": x})
@@ -143,7 +150,8 @@ async def test_closing_the_runtime_closes_sessions_still_attached(anyio_backend:
         await s.run({"x": x})
     assert s.statistics().requests_completed == 1
     assert rt.sessions == ()
-    await s.__aexit__(None, None, None)  # a late exit is harmless
+    await s.__aexit__(None, None, None)  # a late exit is harmless: closed once
+    assert ends.ended == 1
 
 
 async def test_per_session_energy_is_split_from_the_boards_and_sums_to_it(

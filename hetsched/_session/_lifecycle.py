@@ -115,6 +115,8 @@ class Lifecycle:
         self._closing = threading.Event()
         """Set when the session starts closing: a re-plan's compile thread starts no new compile."""
         self.opening = False
+        self._closed = True
+        """Closed (or never opened): a second close (the runtime closed it first) is a no-op."""
 
     @property
     def private(self) -> bool:
@@ -128,6 +130,7 @@ class Lifecycle:
         index, constants = await anyio.to_thread.run_sync(load_index, self.source, self.shapes)
         self.index = index
         self._closing.clear()
+        self._closed = False
         runtime = self._shared
         if runtime is None:
             runtime = Runtime._private(devices=self._device_specs, root=self.root, clock=self.clock,
@@ -162,6 +165,7 @@ class Lifecycle:
                 adapter.plan_in_background(f"background compile: {', '.join(deferred)} ready")
         except BaseException as exc:
             self.core.close()
+            self._closed = True
             with anyio.CancelScope(shield=True):
                 await self._shutdown(exc)
             raise
@@ -212,7 +216,11 @@ class Lifecycle:
     # -- closing --------------------------------------------------------------------------
 
     async def close(self, exc: BaseException | None) -> BufferLeakError | None:
-        """Close the session (see the module docstring); returns a private runtime's leak report."""
+        """Close the session (see the module docstring); returns a private runtime's leak report.
+        Idempotent: the runtime may have closed it already (``__aexit__`` after the runtime's)."""
+        if self._closed:
+            return None
+        self._closed = True
         self.core.close()
         self._closing.set()
         try:
@@ -228,9 +236,9 @@ class Lifecycle:
         return leak
 
     async def close_attached(self) -> None:
-        """The runtime is closing with this session still attached: close it (shielded by the runtime)."""
-        if self.core.is_open:
-            await self.close(None)
+        """The runtime is closing with this session still attached: close it now (the session's own
+        ``__aexit__`` later finds it closed)."""
+        await self.close(None)
 
     async def _shutdown(self, exc: BaseException | None) -> BufferLeakError | None:
         """Stop re-planning, drain the session's requests, close its stages and a private
