@@ -29,6 +29,7 @@ from onnx import TensorProto
 
 from hetsched._errors import StageExecutionError
 from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S, analytic_node_costs, roofline
+from hetsched._planning.fold import restore_control_flow_dims
 from hetsched._planning.graph import GraphIndex
 from hetsched._platform.affinity import host_cpus
 
@@ -267,7 +268,8 @@ class SimBackend:
         host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
         inner = self._cpu.compile(model, host, name=name)
         try:
-            inferred = onnx.shape_inference.infer_shapes(model)
+            # sized from the stage's fixed dims (extract_stage frees a control-flow stage's for onnxruntime)
+            inferred = onnx.shape_inference.infer_shapes(restore_control_flow_dims(model))
         except Exception:  # shapes only refine the cost; the stage itself already compiled
             inferred = model
         costs = analytic_node_costs(GraphIndex(inferred))
