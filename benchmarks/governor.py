@@ -70,10 +70,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _governor_cases as gc  # noqa: E402
+import _governor_cases as gc
 from _labels import MODELLED, labelled, twin
 
-from hetsched import GovernorConfig, GovernorProfile, HetschedError, OperatingPoint  # noqa: E402
+from hetsched import GovernorConfig, GovernorProfile, HetschedError, OperatingPoint
 
 # Targets: (field, comparison, bound). Energy and capped throughput are judged against the measured
 # frontier of the same twins (governor_frontier.py's sweep, run in the same invocation): the best any

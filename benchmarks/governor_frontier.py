@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _governor_cases as gc  # noqa: E402
+import _governor_cases as gc
 from _labels import MODELLED, labelled, twin
-from governor import GRID_POINTS, WINDOWS, best_static, best_static_capped  # noqa: E402
+from governor import GRID_POINTS, WINDOWS, best_static, best_static_capped
 
-from hetsched import OperatingPoint, Phase  # noqa: E402
+from hetsched import OperatingPoint, Phase
 
 LAMBDAS = tuple(0.05 * 1.35**k for k in range(32))  # J/s: from 0.05 W to ~550 W, a price of time
 TRIES = 5  # full runs of per-phase schedules per case

@@ -203,7 +203,7 @@ def test_decide_tuning_point_is_applied_verbatim() -> None:
 
 
 def test_config_rejects_bad_values() -> None:
-    with pytest.raises(GovernorError, match="slowdown=-0.1"):
+    with pytest.raises(GovernorError, match=r"slowdown=-0\.1"):
         GovernorConfig(slowdown=-0.1)
     with pytest.raises(GovernorError, match="power_budget_w=0"):
         GovernorConfig(power_budget_w=0)

@@ -165,7 +165,7 @@ def _tuning_started() -> tuple[PhaseTuning, Tuner, dict[Phase, PhaseModel]]:
 
 
 def test_occurrences_that_never_measure_end_in_untunable_within_the_bound() -> None:
-    tuning, tuner, models = _tuning_started()
+    tuning, tuner, _models = _tuning_started()
     bound = TunerConfig().occurrences_per_measurement * tuner.measurement_limit
     for _ in range(bound):
         assert tuning.propose(Phase.BACKWARD, hold=True) is None

@@ -12,7 +12,6 @@ restore writes that does not read back is still warned about, naming its path an
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,8 +56,8 @@ class Board:
 
 
 @pytest.fixture(params=["orin-nx", "rk3588"])
-def board(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Board]:
-    yield Board(request.param, tmp_path)
+def board(request: pytest.FixtureRequest, tmp_path: Path) -> Board:
+    return Board(request.param, tmp_path)
 
 
 def _setspeed_paths(root: Path) -> list[str]:

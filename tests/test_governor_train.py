@@ -40,7 +40,7 @@ def _train_step(model, opt, x, y):  # type: ignore[no-untyped-def]
 
 
 def test_hooks_switch_phases_in_loop_order_and_training_still_learns() -> None:
-    torch, model, opt, x, y = _setup()
+    _torch, model, opt, x, y = _setup()
     rec = Recorder()
     with attach(model, opt, rec) as hooks:
         losses = [_train_step(model, opt, x, y) for _ in range(20)]
@@ -82,8 +82,8 @@ def test_hooks_drive_a_real_governor(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_named() -> None:
-    torch, model, opt, _x, _y = _setup()
-    with pytest.raises(GovernorError, match="torch.nn.Module"):
+    _torch, model, opt, _x, _y = _setup()
+    with pytest.raises(GovernorError, match=r"torch\.nn\.Module"):
         attach(object(), opt, Recorder())
     with pytest.raises(GovernorError, match="Optimizer"):
         attach(model, object(), Recorder())

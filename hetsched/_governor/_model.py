@@ -119,10 +119,7 @@ def _combine_arrays(
     de = sum(((t0 + dt) * (p0 + dp) - e0 - p0 * dt for dt, dp in zip(dts, dps, strict=True)), zero)
     # ... plus the centre's power over the predicted change of time.
     p_en = (e0 + de + p0 * (t - t0)) / t
-    if conservative:
-        p = np.maximum(p_sep, p_en)
-    else:
-        p = (1.0 - energy_share) * p_sep + energy_share * p_en
+    p = np.maximum(p_sep, p_en) if conservative else (1.0 - energy_share) * p_sep + energy_share * p_en
     return t, np.maximum(p, 0.0)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -35,7 +36,7 @@ class DomainSpec:
 
     def __post_init__(self) -> None:
         hz = self.available_hz
-        if not hz or any(b <= a for a, b in zip(hz, hz[1:], strict=False)):
+        if not hz or any(b <= a for a, b in itertools.pairwise(hz)):
             raise UnsupportedFrequencyError(
                 f"domain {self.name!r}: available frequencies must be non-empty and ascending, got {hz!r}"
             )

@@ -177,7 +177,7 @@ class ZoneWindow:
     def add(self, time_s: float, temp_c: float, power_w: float, weight_s: float = 1.0) -> ZoneWindow:
         """One sample; ``power_w`` is the mean power over the ``weight_s`` seconds before it."""
         return ZoneWindow(
-            self.times + (time_s,), self.temps + (temp_c,), self.powers + (power_w,), self.weights + (max(weight_s, 0.0),)
+            (*self.times, time_s), (*self.temps, temp_c), (*self.powers, power_w), (*self.weights, max(weight_s, 0.0))
         )
 
     @property
