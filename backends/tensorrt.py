@@ -398,10 +398,44 @@ class TensorRtBackend:
             precision=settings.precision, key=key, cached=found is not None,
             input_names=[i.name for i in prepared.graph.input if i.name not in inits],
             output_names=[o.name for o in prepared.graph.output])
+        try:
+            self._probe(stage, prepared, data, settings.precision, device)
+        except CompileError as exc:
+            stage.close()
+            cache.store(key, None, str(exc).removeprefix(f"{device.name}: "), 0.0)  # a cached refusal
+            raise
+        except BaseException:
+            stage.close()
+            raise
         progress = opts.get("progress")
         if callable(progress):
             progress(name, found is not None, time.perf_counter() - t0)
         return stage
 
+    @staticmethod
+    def _probe(stage: TensorRtStage, prepared: onnx.ModelProto, data: bytes, precision: str, device: Device) -> None:
+        """The engine proves itself before it is placed (:func:`backends._probe.probe_stage`, the
+        contract of every accelerator stage): one run on seeded probe inputs against fp32
+        onnxruntime (count, shapes, cosine floor by precision). An engine of profile ranges (free
+        dims left to run time) has no one shape to probe at: it is checked at its first run only.
+
+        :raises CompileError: the run failed or disagreed (the engine is not placed).
+        """
+        from ._probe import probe_stage
+
+        declared = {i.name: i.type.tensor_type for i in prepared.graph.input}
+        names = list(stage.input_names)
+        in_specs: list[tuple[np.dtype[Any], tuple[int, ...]]] = []
+        for n in names:
+            tt = declared.get(n)
+            dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim] if tt is not None else [0]
+            if tt is None or any(d <= 0 for d in dims):
+                return  # free dims (profile ranges): no static probe shape
+            in_specs.append((np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), tuple(dims)))
+        probe_stage(lambda xs: stage.run(dict(zip(names, xs, strict=True))), data, names, in_specs,
+                    precision=_PROBE_PRECISION[precision], device=device.name)
+
+
+_PROBE_PRECISION = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
 
 backend_class = TensorRtBackend

@@ -389,12 +389,46 @@ class _RecordingCudart:
         return ("cudaSuccess", 12060)
 
 
-def _plumbed(monkeypatch: pytest.MonkeyPatch, trt: _RecordingTrt) -> TensorRtBackend:
+def _plumbed(monkeypatch: pytest.MonkeyPatch, trt: _RecordingTrt, runs: Any = None) -> TensorRtBackend:
+    """The backend over recording stand-ins (not TensorRT: nothing runs). The compile-time probe's
+    run of the engine goes to ``runs`` (inputs -> outputs; default: the fp32 reference itself)."""
     import hetsched.backends.tensorrt as mod
 
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None})  # type: ignore[attr-defined]
     monkeypatch.setattr(mod, "load_tensorrt", lambda: (trt, _RecordingCudart()))
+
+    def run(self: Any, feeds: Any, state: object = None) -> list[np.ndarray]:
+        if runs is not None:
+            return list(runs(feeds))
+        from hetsched._onnxruntime import ort_session
+
+        return list(ort_session(_model().SerializeToString(), providers=["CPUExecutionProvider"]).run(None, dict(feeds)))
+
+    monkeypatch.setattr(mod.TensorRtStage, "run", run)
     return TensorRtBackend()
+
+
+def test_a_compiled_engine_proves_itself_and_a_failed_probe_is_a_cached_refusal(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """TensorRT goes through the probe contract (backends._probe) like RKNN and ncnn: an engine
+    whose probe run disagrees with onnxruntime is refused, its cache entry becomes a refusal, and
+    the next compile answers from it (stand-ins only: TensorRT never ran here)."""
+    seen: list[Any] = []
+
+    def wrong(feeds: Any) -> list[np.ndarray]:
+        seen.append(feeds)
+        (x,) = feeds.values()
+        return [-np.abs(np.asarray(x)) - 1.0]  # the opposite direction of a Relu's output
+
+    trt = _RecordingTrt("10.3.0")
+    backend = _plumbed(monkeypatch, trt, runs=wrong)
+    dev = Device("gpu:0", kind="gpu", backend="tensorrt", options={"cache_dir": str(tmp_path)})
+    with pytest.raises(CompileError, match=r"^gpu:0: the compiled stage failed its probe run: output 0 disagrees"):
+        backend.compile(_model(), dev, name="s0")
+    assert len(seen) == 1
+    with pytest.raises(CompileError, match=r"cached refusal.*failed its probe run"):
+        backend.compile(_model(), dev, name="s0")
+    assert len(seen) == 1 and len(_calls(trt, "builder.build_serialized_network")) == 1
 
 
 def test_compile_reuses_cached_engines_and_refusals(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
