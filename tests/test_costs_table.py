@@ -54,3 +54,27 @@ def test_binary_content_is_a_profile_error(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ProfileError, match="could not be read"):
         CostTable.load(path)
+
+
+def test_a_control_flow_node_costs_its_costliest_branch() -> None:
+    # If(c) then y = x @ W (2 * 64 * 64 * 64 FLOPs) else y = x: not "10 FLOPs per output element"
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from hetsched._planning.costs import analytic_node_costs
+    from hetsched._planning.graph import GraphIndex
+    from hetsched._planning.model import load_model
+
+    f = TensorProto.FLOAT
+    w = helper.make_tensor("W", f, [64, 64], np.zeros(64 * 64, np.float32).tobytes(), raw=True)
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", f, [64, 64])])  # x, W: the outer graph's
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", f, [64, 64])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", f, [64, 64])],
+        [helper.make_tensor_value_info("y", f, [64, 64])], initializer=[w])
+    index = GraphIndex(load_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    (cost,) = analytic_node_costs(index)
+    assert cost.flops >= 2.0 * 64 * 64 * 64

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
 from onnx import TensorProto
 
 from hetsched.backends import Device
 
 from .._errors import NotRegularFileError, ProfileError
 from .._platform.files import read_regular_file
-from .graph import GraphIndex
+from .graph import GraphIndex, outer_scope_reads
 
 __all__ = [
     "BOUNDARY",
@@ -305,9 +306,37 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
             if w and r and x:
                 flops = 2.0 * (math.prod(w[0]) + math.prod(r[0])) * x[0][0] * (x[0][1] if len(x[0]) > 1 else 1)
         elif ref.has_subgraph:
-            flops = out_elems * 10.0
+            flops = max(out_elems * 10.0, _bodies_flops(index, node))
         costs.append(NodeCost(float(flops), float(nbytes)))
     return costs
+
+
+def _bodies_flops(index: GraphIndex, node: onnx.NodeProto) -> float:
+    """The analytic FLOPs of a control-flow node's costliest body (an ``If``'s branch; a
+    ``Loop``/``Scan`` body counted once: the trip count is not known when planning), each body
+    indexed as a graph of its own (its values' shapes from its own ``value_info``, those it reads
+    from the outer graph from the outer one). 0 where a body cannot be indexed."""
+    best = 0.0
+    for attr in node.attribute:
+        bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else (
+            list(attr.graphs) if attr.type == onnx.AttributeProto.GRAPHS else [])
+        for body in bodies:
+            sub = onnx.ModelProto(ir_version=max(index.model.ir_version, 4))
+            sub.opset_import.extend(index.model.opset_import)
+            sub.graph.CopyFrom(body)
+            try:
+                inner = GraphIndex(sub)
+                for name in outer_scope_reads(body):  # the outer graph's types for what it reads
+                    t = index.value_type(name)
+                    if inner.value_type(name) is None and t is not None:
+                        vi = onnx.ValueInfoProto(name=name)
+                        vi.type.CopyFrom(t)
+                        inner.value_info[name] = vi
+                flops = sum(c.flops for c in analytic_node_costs(inner))
+            except (ValueError, KeyError, IndexError):
+                continue  # not indexable alone (e.g. a cycle): the floor stands
+            best = max(best, flops)
+    return best
 
 
 @dataclass(frozen=True)
