@@ -89,8 +89,7 @@ def admit(tenant: Tenant, req: Request) -> None:
         return
     req.deadline = now + slo
     if req.flagged:  # judged at an earlier admission (a stream's request made ahead): judge it anew
-        req.flagged = False
-        tenant.count_flagged(-1)
+        tenant.mark_flagged(req, flagged=False)
     tenant.tracks = True
     sch.saw_slo(slo)
     if not sch.priorities:
@@ -198,6 +197,5 @@ def late(tenant: Tenant, req: Request, st: StageRuntime, worker: DeviceWorkers) 
 def flag(tenant: Tenant, req: Request, now: float) -> None:
     """``req`` can no longer meet its deadline: flag and demote it (any thread)."""
     sch = tenant.scheduler
-    req.flagged = True
     req.key = now + sch.demotion() + req.priority * sch.step
-    tenant.count_flagged(1)
+    tenant.mark_flagged(req)

@@ -345,10 +345,13 @@ class Tenant:
         key (see ``_order``). A stream calls this when it admits a request it made earlier."""
         admit(self, req)
 
-    def count_flagged(self, n: int) -> None:
-        """``n`` more (or fewer) of its requests judged unable to meet their deadline (any thread)."""
+    def mark_flagged(self, req: Request, flagged: bool = True) -> None:
+        """``req`` is judged unable to meet its deadline (or, re-admitted, judged anew): counted
+        once however many threads find it late at once (any thread)."""
         with self._lock:
-            self.slo_flagged += n
+            if req.flagged != flagged:
+                req.flagged = flagged
+                self.slo_flagged += 1 if flagged else -1
 
     def request_ended(self, req: Request) -> None:
         """``req`` is finalized for good (any thread, under its lock): count it; the last one
