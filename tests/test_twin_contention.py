@@ -202,3 +202,20 @@ def test_a_board_no_stage_uses_is_not_kept() -> None:
     del board
     gc.collect()
     assert ref() is None
+
+
+def test_the_live_twin_is_told_the_sum_of_the_busy_times_not_the_latencies(tmp_path: Path) -> None:
+    # the board's load (and so its clocks, heat and energy) follows the device's busy time: two
+    # stages sharing the NPU report their own times, which sum to the device's, not 2 x 2 x alone
+    from hetsched._twin.loadfile import LoadChannel
+
+    channel = LoadChannel.create(tmp_path)
+    clock, board, (a, b), go = _stages(tmp_path, ("npu", "npu"), 2e9, 1e6)
+    alone = a.modelled()[0]
+    _run_together(clock, board, [a, b], go)
+    for s in (a, b):
+        s.close()  # ends the reporter's file
+    busy = channel.read()
+    assert busy["npu"] == pytest.approx(2 * alone)
+    assert a.statistics().modelled_time_s + b.statistics().modelled_time_s == pytest.approx(4 * alone)
+    channel.remove()
