@@ -5,14 +5,14 @@ One :class:`Scheduler` serves the board: it owns the device workers and their he
 session is a :class:`~hetsched._runtime._tenants.Tenant` of it (``attach``/``detach`` while
 serving), with its own plans, admission limit, weight, default SLO and statistics. The order
 of the stages on a heap (priority class, aging, least slack or earliest deadline, flagged
-misses, weighted fair tags among tenants) is drawn in ``_tenants``' docstring.
+misses, weighted fair tags among tenants) is drawn in ``_order``'s docstring.
 
 How one request flows (its bookkeeping is done under the request's lock by whichever
 thread finishes something, so a chain of stages never goes back to the event loop)::
 
     await session.run(feeds, priority=p)               # event loop
         program = programs[wanted outputs, feed names]  # precomputed: needed stages, who reads what where
-        key = p * aging_s + admitted_at (or its latest start, with an SLO; see _tenants)
+        key = p * aging_s + admitted_at (or its latest start, with an SLO; see _order)
         push every stage whose inputs are all ready onto its device's heap
         await the request's event                       # one wake-up per request, not one per stage
     device worker thread (pinned to its cores), forever:
@@ -27,15 +27,15 @@ thread finishes something, so a chain of stages never goes back to the event loo
 Aging: a request's key is its admission time plus ``priority * aging_s`` seconds, so a
 BACKGROUND request (3) that has waited ``3 * aging_s`` longer than a new REALTIME one (0)
 goes first: urgent work overtakes bulk work, and bulk work never starves. Without
-aging the key is ``(priority, admission)``; with priorities off it is admission order.
-Because the key is the *request's* admission time, a request's later stages go before
-the first stages of newer requests of the same priority: the pipeline drains in order.
+aging the class gap is 1e9 s (priority always wins); with priorities off the key is the
+admission time. Because a request without SLO keeps its admission key, its later stages go
+before the first stages of newer requests of the same priority: the pipeline drains in order.
 
 The program compilation lives in ``_program``, request state in ``_requests``, the device
 worker threads in ``_workers``, the worker side of a stage run in ``_stage_run`` (its own
 object, :class:`StageRunner`, over the :class:`StageHost` protocol this class implements),
-tenants and the order of the heaps in ``_tenants``; this module is the import point for all
-of them.
+tenants in ``_tenants``, the order of the heaps in ``_order``; this module is the import
+point for all of them.
 """
 
 from __future__ import annotations
