@@ -358,6 +358,35 @@ def print_table(rows: list[tuple[str, str, gc.Result]]) -> None:
               f"{(str(r.cap_violations) if capped else '')!s:>7}")
 
 
+def print_comparisons(cases: Sequence[dict[str, Any]], capped: Sequence[dict[str, Any]]) -> None:
+    """Each case's energy and each cap's throughput beside the best static point and the frontier."""
+    for c in cases:
+        if "frontier_energy_vs_performance" in c:
+            mine = c.get("energy_vs_performance") if c["workload"] == "train" else c.get("infer_energy_vs_performance")
+            print(f"{c['soc']:8} {c['workload']:6} energy/performance: hetsched {mine if mine is None else round(mine, 4)}"
+                  f" vs frontier {c['frontier_energy_vs_performance']} ({c['frontier_by']})")
+    for c in capped:
+        tp = c["capped_throughput_vs_best_static"]
+        tf = c.get("capped_throughput_vs_frontier")
+        print(f"{c['soc']:8} {c['workload']:6} cap {c['cap_w']:4.0f} W: hetsched {c['hetsched_it_per_s']} it/s "
+              f"vs best static {c['best_static_it_per_s']} it/s -> {tp if tp is None else round(tp, 3)}, "
+              f"vs frontier {c.get('frontier_it_per_s')} it/s -> {tf if tf is None else round(tf, 3)}, "
+              f"violations {c['cap_violations']} (while tuning {c.get('tuning_cap_violations')}, "
+              f"max {c.get('tuning_max_power_w')} W){'  ' + c['error'] if 'error' in c else ''}")
+
+
+def judge(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each target's value, goal and pass/fail (printed as a table too)."""
+    print(f"{'target':34} {'value':>9} {'goal':>8}  result")
+    targets = {}
+    for name, op, bound in TARGETS:
+        v = summary[name]
+        ok = passes(v, op, bound)
+        targets[name] = {"value": v, "target": f"{op} {bound:g}", "pass": ok}
+        print(f"{name:34} {v!s:>9} {op + ' ' + format(bound, 'g'):>8}  {'n/a' if ok is None else 'PASS' if ok else 'FAIL'}")
+    return targets
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2-minute windows after shorter warm-ups (smoke test)")
@@ -398,27 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["wall_s"]["frontier"] = round(time.perf_counter() - t0, 1)
     print_table(rows)
     print()
-    for c in cases:
-        if "frontier_energy_vs_performance" in c:
-            mine = c.get("energy_vs_performance") if c["workload"] == "train" else c.get("infer_energy_vs_performance")
-            print(f"{c['soc']:8} {c['workload']:6} energy/performance: hetsched {mine if mine is None else round(mine, 4)}"
-                  f" vs frontier {c['frontier_energy_vs_performance']} ({c['frontier_by']})")
-    for c in capped:
-        tp = c["capped_throughput_vs_best_static"]
-        print(f"{c['soc']:8} {c['workload']:6} cap {c['cap_w']:4.0f} W: hetsched {c['hetsched_it_per_s']} it/s "
-              f"vs best static {c['best_static_it_per_s']} it/s -> {tp if tp is None else round(tp, 3)}, "
-              f"vs frontier {c.get('frontier_it_per_s')} it/s -> {c.get('capped_throughput_vs_frontier')}, "
-              f"violations {c['cap_violations']} (while tuning {c.get('tuning_cap_violations')}, "
-              f"max {c.get('tuning_max_power_w')} W){'  ' + c['error'] if 'error' in c else ''}")
+    print_comparisons(cases, capped)
     summary = summarise(cases, capped)
     print()
-    print(f"{'target':34} {'value':>9} {'goal':>8}  result")
-    targets = {}
-    for name, op, bound in TARGETS:
-        v = summary[name]
-        ok = passes(v, op, bound)
-        targets[name] = {"value": v, "target": f"{op} {bound:g}", "pass": ok}
-        print(f"{name:34} {v!s:>9} {op + ' ' + format(bound, 'g'):>8}  {'n/a' if ok is None else 'PASS' if ok else 'FAIL'}")
+    targets = judge(summary)
 
     def rounded(d: dict[str, Any]) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
