@@ -78,16 +78,25 @@ def dominant_device(problem: PlacementProblem, weight: Mapping[str, float] | Non
     w = {d: 1.0 if weight is None else weight.get(d, 1.0) for d in problem.devices}
     alive = [d for d in problem.devices if all(d in u.candidates for u in problem.units)]
     totals = dict.fromkeys(alive, 0.0)
+    inf = float("inf")
     for u in problem.units:
         if not alive:
             return None
         uid = u.id
-        here = {d: w[d] * cost[(uid, d)] for d in u.candidates}
-        bound = min(here.values()) * (1 + _REL_EPS)
-        if any(here[d] > bound for d in alive):
-            alive = [d for d in alive if here[d] <= bound]
+        least = inf
+        for e in u.candidates:
+            c = w[e] * cost[(uid, e)]
+            if c < least:
+                least = c
+        bound = least * (1 + _REL_EPS)
+        kept = alive
         for d in alive:
-            totals[d] += here[d]
+            c = w[d] * cost[(uid, d)]
+            if c > bound:
+                kept = [x for x in kept if x != d]
+            else:
+                totals[d] += c
+        alive = kept
     return min(alive, key=lambda d: totals[d]) if alive else None
 
 
