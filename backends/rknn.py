@@ -391,6 +391,12 @@ class RknnBackend:
     def capabilities(self, device: Device) -> Capabilities:
         return rknn_capabilities()
 
+    def toolkit_versions(self) -> dict[str, str]:
+        """``{toolkit Python: rknn-toolkit2 version}`` of the toolkit environments this backend
+        started (empty before its first compile)."""
+        with self._lock:
+            return dict(self._versions)
+
     def worker_cpus(self, device: Device) -> list[tuple[int, ...]]:
         """One worker per NPU core for ``npu`` (``workers="per-core"``, its default), else one.
 

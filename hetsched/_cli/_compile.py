@@ -183,13 +183,16 @@ def main(args: argparse.Namespace) -> int:
 
     def _entries(s: Any, npu: str, target: str) -> tuple[list[ManifestEntry], str]:
         from hetsched._rknn.accuracy import stage_accuracy
+        from hetsched.backends.rknn import RknnStage
 
         acc = stage_accuracy(s)
         entries = []
         for st in s._stages:  # the compiled stages: what the plan alone does not know
             if st.spec.device != npu:
                 continue
-            rk = getattr(st.compiled, "rknn", st.compiled)
+            rk = st.hooks.compile_cache  # the RknnStage itself (a twin stage declares the one it wraps)
+            if not isinstance(rk, RknnStage):
+                continue
             io = [{"name": n, "dtype": str(dt), "shape": list(shape)} for n, (dt, shape) in rk.io_specs()]
             k = len(rk.input_names)
             a = acc.get(st.spec.name)
@@ -206,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
 
 def _toolkit_version() -> str:
     from hetsched.backends import get_backend
+    from hetsched.backends.rknn import RknnBackend
 
-    versions = getattr(get_backend("rknn"), "_versions", {})
-    return next(iter(versions.values()), "")
+    backend = get_backend("rknn")
+    return next(iter(backend.toolkit_versions().values()), "") if isinstance(backend, RknnBackend) else ""
 
