@@ -486,6 +486,32 @@ async def test_the_runtime_limit_hands_a_freed_slot_to_the_most_urgent_waiter() 
         await _close(board)
 
 
+async def test_a_background_waiter_for_a_runtime_slot_ages_past_newer_high_ones() -> None:
+    """aging_s 0.5: a BACKGROUND caller waiting since 0 (key 1.5) goes before a HIGH one
+    arriving at 2 s (key 2.5): the runtime's admission never starves a class either."""
+    board = _board(aging_s=0.5, max_in_flight=1)
+    try:
+        a, b = board.attach("A"), board.attach("B")
+        await a.acquire(int(Priority.NORMAL))
+        got: list[str] = []
+
+        async def wait(tenant: Tenant, priority: Priority) -> None:
+            await tenant.acquire(int(priority))
+            got.append(tenant.name)
+            tenant.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, b, Priority.BACKGROUND)
+            await anyio.wait_all_tasks_blocked()
+            board.clock.advance(2.0)
+            tg.start_soon(wait, a, Priority.HIGH)
+            await anyio.wait_all_tasks_blocked()
+            a.release()
+        assert got == ["B", "A"]
+    finally:
+        await _close(board)
+
+
 async def test_a_cancelled_waiter_passes_its_runtime_slot_on() -> None:
     board = _board(aging_s=0.5, max_in_flight=1)
     try:

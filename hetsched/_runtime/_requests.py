@@ -83,14 +83,16 @@ class Admission:
 
 class PriorityAdmission:
     """At most ``limit`` requests admitted at once across every tenant; a freed slot goes to
-    the most urgent waiter (smallest priority value, then first come). Event-loop only."""
+    the most urgent waiter: the smallest key, which the tenant makes as the heaps' are made
+    (``arrival + priority * aging_s``: class first, aged, so a BACKGROUND waiter is never
+    starved), first come among equal keys. Event-loop only."""
 
     def __init__(self, limit: int):
         if limit < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {limit}")
         self.limit = limit
         self.active = 0
-        self._waiters: list[tuple[int, int, anyio.Event]] = []
+        self._waiters: list[tuple[float, int, anyio.Event]] = []
         self._seq = itertools.count()
 
     def try_acquire(self) -> bool:
@@ -99,11 +101,11 @@ class PriorityAdmission:
             return True
         return False
 
-    async def acquire(self, priority: int) -> None:
-        """Wait for a slot (a checkpoint only when it has to wait)."""
+    async def acquire(self, key: float) -> None:
+        """Wait for a slot, served by ``key`` (smaller first; a checkpoint only when it has to wait)."""
         if self.try_acquire():
             return
-        entry = (priority, next(self._seq), anyio.Event())
+        entry = (key, next(self._seq), anyio.Event())
         heapq.heappush(self._waiters, entry)
         try:
             await entry[2].wait()

@@ -257,7 +257,8 @@ class Tenant:
 
     async def acquire(self, priority: int) -> None:
         """One admission slot: the tenant's (``max_in_flight``, first come first served), then
-        the runtime's (the most urgent waiter first). Waits only when there is no room.
+        the runtime's (the most urgent waiter first: class, aged by ``aging_s`` as on the heaps).
+        Waits only when there is no room.
 
         :raises RuntimeStateError: the tenant is detached.
         """
@@ -268,7 +269,8 @@ class Tenant:
         glob = self.scheduler.admission
         if glob is not None and not glob.try_acquire():
             try:
-                await glob.acquire(priority)
+                sch = self.scheduler
+                await glob.acquire(sch.monotonic() + priority * sch.step)
             except BaseException:
                 if limiter is not None:
                     limiter.release()
