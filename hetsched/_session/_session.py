@@ -87,8 +87,15 @@ class Session:
     to); ``BEFORE_TRANSFER``/``AFTER_TRANSFER``/``PREEMPTED``/``RESUMED`` run on the event loop
     with ``extra=TransferInfo`` and ``stage`` = the producing stage (``"feed"`` for an input).
 
+    Several models on one board share a :class:`~hetsched.Runtime` (``runtime=rt``): its
+    device workers, pools, transfer engine and governor; each device's queue then orders the
+    stages of every session's requests (priority class, then deadline: ``slo_s``), and a new
+    session is placed knowing the load the others put on the devices. Transfer hooks then go to
+    the runtime's ``hooks``. Without ``runtime=`` the session opens a runtime of its own.
+
     Everything the session starts (device threads, transfers) is stopped and joined when
-    the ``async with`` block exits, also on error or cancellation.
+    the ``async with`` block exits, also on error or cancellation; on a shared runtime, its
+    own requests are drained and its own stages closed, and the other sessions keep serving.
 
     :param model: a path, bytes, an ``onnx.ModelProto`` or the name of an embedded model
         (``"light_squeezenet"``, as the CLI accepts; see :func:`hetsched.load_model`).
