@@ -51,7 +51,7 @@ def _joint(problem: PlacementProblem, lower_priority_weight: float,
             if makespan(priced, fast.assignment) < est:
                 placement = Placement(fast.assignment, f"{placement.policy}+slo", fast.scores)
     if problem.reservations:
-        factor = {d: problem.contention_factor(d, lower_priority_weight=lower_priority_weight) for d in problem.devices}
+        factor = problem.contention_factors(lower_priority_weight=lower_priority_weight)
         scores = {u: {d: {**t, "contention": factor.get(d, 1.0)} for d, t in by_dev.items()}
                   for u, by_dev in placement.scores.items()}
         placement = Placement(placement.assignment, placement.policy, scores)

@@ -157,8 +157,15 @@ class PlacementProblem:
     reservations: tuple[Reservation, ...] = ()
     priority: int = 2
     slo_s: float | None = None
+    rate_hz: float | None = None
+    """This model's offered requests per second (None: unknown, or a closed loop taking what is left)."""
 
     def __post_init__(self) -> None:
+        if self.rate_hz is not None and (
+            isinstance(self.rate_hz, bool) or not isinstance(self.rate_hz, (int, float))
+            or not (math.isfinite(self.rate_hz) and self.rate_hz >= 0)
+        ):
+            raise PlacementError(f"PlacementProblem.rate_hz = {self.rate_hz!r}: must be a finite number >= 0")
         if self.slo_s is not None and (
             isinstance(self.slo_s, bool) or not isinstance(self.slo_s, (int, float))
             or not (math.isfinite(self.slo_s) and self.slo_s > 0)
@@ -186,13 +193,33 @@ class PlacementProblem:
         share = min(self.reserved_share(device, lower_priority_weight=lower_priority_weight), MAX_RESERVED_SHARE)
         return 1.0 / (1.0 - share)
 
+    def fits(self, device: str, *, lower_priority_weight: float = 0.0) -> bool:
+        """Whether this model's offered load fits on ``device`` beside the reservations ahead of it:
+        ``reserved share + rate_hz x (its units' seconds there) <= 1``. False without an offered
+        rate (a closed loop, or unknown: it takes whatever is left)."""
+        if not self.rate_hz:
+            return False
+        seconds = sum(self.cost.get((u.id, device), 0.0) for u in self.units if device in u.candidates)
+        return self.reserved_share(device, lower_priority_weight=lower_priority_weight) + self.rate_hz * seconds <= 1.0
+
+    def contention_factors(self, *, lower_priority_weight: float = 0.0) -> dict[str, float]:
+        """Per device, the factor :meth:`contended` stretches this model's costs there by."""
+        return {d: 1.0 if self.slo_s is None and self.fits(d, lower_priority_weight=lower_priority_weight)
+                else self.contention_factor(d, lower_priority_weight=lower_priority_weight) for d in self.devices}
+
     def contended(self, *, lower_priority_weight: float = 0.0) -> PlacementProblem:
         """This problem with the reservations priced into ``cost`` (each unit's seconds on a
         device times the device's :meth:`contention_factor`) and then dropped, so pricing
-        twice changes nothing. Without reservations: ``self``."""
+        twice changes nothing. Without reservations: ``self``.
+
+        What the pricing stands for depends on the model: with an SLO, the waits behind the
+        others' work (its latency); without one, a closed loop's share of what the others leave
+        (its throughput, ``1 / (1 - share)`` again); a model without an SLO whose offered load
+        :meth:`fits` on a device needs only that capacity there, so that device is not priced
+        (no latency to protect: it stays where it is cheapest, energy included)."""
         if not self.reservations:
             return self
-        factor = {d: self.contention_factor(d, lower_priority_weight=lower_priority_weight) for d in self.devices}
+        factor = self.contention_factors(lower_priority_weight=lower_priority_weight)
         cost = {(u, d): c * factor.get(d, 1.0) for (u, d), c in self.cost.items()}
         return replace(self, cost=cost, reservations=())
 

@@ -128,3 +128,21 @@ def test_build_plan_places_a_second_model_where_the_first_leaves_room() -> None:
     behind = Reservation("bulk", {"gpu": 0.6}, priority=Priority.BACKGROUND)
     urgent = build_plan(index, devices, reservations=(behind,), priority=Priority.HIGH)
     assert {s.device for s in urgent.stages} == {"gpu"}
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_a_model_without_slo_whose_load_fits_stays_on_the_cheap_device(policy_cls: type) -> None:
+    # the NPU is 60 % busy with a HIGH model; a NORMAL classifier at 10 req/s needs 3 x 10 ms x 10 = 30 %
+    # more: it fits, so it stays on the NPU (cheapest in energy) instead of chasing latency on the GPU
+    high = Reservation("det", {"npu": 0.6}, priority=Priority.HIGH, slo_s=0.033)
+    energy = {(u, d): (0.01 if d == "npu" else 1.0) for u in range(3) for d in ("npu", "gpu")}
+    fits = chain(3, 0.010, 0.015, reservations=(high,), priority=Priority.NORMAL, rate_hz=10.0, energy=energy)
+    assert fits.fits("npu") and devices_of(fits, policy_cls()) == {"npu"}
+    # at 20 req/s it needs 60 %: it does not fit beside the detector and is placed by what is left
+    over = chain(3, 0.010, 0.015, reservations=(high,), priority=Priority.NORMAL, rate_hz=20.0, energy=energy)
+    assert not over.fits("npu") and devices_of(over, policy_cls()) == {"gpu"}
+    # a closed loop (no rate) takes what is left: priced by it
+    loop = chain(3, 0.010, 0.015, reservations=(high,), priority=Priority.NORMAL, energy=energy)
+    assert devices_of(loop, policy_cls()) == {"gpu"}
+    with pytest.raises(PlacementError, match="rate_hz"):
+        chain(1, 0.01, 0.02, rate_hz=-1.0)
