@@ -276,7 +276,8 @@ async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict
     summary["replans"] = {"count": st.replanning.replans, "last_reason": st.replanning.last_reason,
                           "reasons": dict(st.replanning.reasons),
                           "history": [{"number": r.number, "reason": r.reason, "moved_units": r.moved_units,
-                                       "seconds": r.seconds} for r in st.replanning.history]}
+                                       "seconds": r.seconds} for r in st.replanning.history],
+                          "failed": st.replanning.failed, "errors": list(st.replanning.errors)}
     summary["energy_j"] = st.energy_j
     summary["energy_per_request_j"] = None
     if st.energy_j is not None and summary["requests"]:
@@ -289,6 +290,19 @@ async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict
     gov_stats = governor_statistics(hooks)
     if gov_stats:
         summary["governor"] = gov_stats
+
+
+def replan_lines(replans: dict) -> list[str]:
+    """The text summary's lines for ``summary["replans"]``: a count, then every re-plan by
+    number with its reason, the units it moved and its seconds, then every failed one."""
+    lines: list[str] = []
+    if replans["count"]:
+        lines.append(f"re-planned {replans['count']} time(s) while serving:")
+        lines += [f"  #{r['number']}: {r['reason']} ({r['moved_units']} unit(s) moved"
+                  + (f", {r['seconds']:.3f} s)" if r["seconds"] is not None else ")")
+                  for r in replans["history"]]
+    lines += [f"  re-plan failed (the plan stayed): {e}" for e in replans.get("errors", ())]
+    return lines
 
 
 def _print_text(s: Any, args: argparse.Namespace, summary: dict, period_ms: float | None) -> None:
@@ -308,8 +322,8 @@ def _print_text(s: Any, args: argparse.Namespace, summary: dict, period_ms: floa
               f"min cosine {summary['check']['min_cosine']:.6f}")
     if "modelled" in summary:
         print_modelled(summary["modelled"], f"board under {args.root}")
-    if summary["replans"]["count"]:
-        print(f"re-planned {summary['replans']['count']} time(s) while serving; last: {summary['replans']['last_reason']}")
+    for line in replan_lines(summary["replans"]):
+        print(line)
     if "energy" in summary:
         print(f"stage energy: {summary['energy']['mj_per_request']:.3f} mJ per request "
               f"({summary['energy']['source']}, every stage run, re-planned ones included)")
