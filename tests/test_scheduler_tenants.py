@@ -609,6 +609,50 @@ async def test_detach_after_the_workers_stopped_fails_what_can_no_longer_run() -
         pool.close()
 
 
+async def test_a_request_whose_next_stage_finds_the_workers_stopped_fails_and_lets_go() -> None:
+    """s0 runs while the workers are stopped; its consumer s1 has no worker any more: the request
+    fails with RuntimeStateError (its caller is woken, its buffers go back), the worker thread lives
+    to finish its stop."""
+    board = _board(aging_s=0.5)
+    t = board.sched.attach("T", dispatch=HookDispatcher())
+    held = threading.Event()
+    go = threading.Event()
+
+    class _Hold(_Branch):
+        def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+            held.set()
+            assert go.wait(10)
+            return super().run(feeds)
+
+    ran: list[str] = []
+    s0 = StageRuntime(_Spec(0, "s0", DEV, (), ("x",)), _Hold("s0", "x", "a", board.clock, 0.0, ran), "s0", 0.0,
+                      "host")
+    s1 = StageRuntime(_Spec(1, "s1", DEV, (0,), ("a",)), _Branch("s1", "a", "b", board.clock, 0.0, ran), "s1", 0.0,
+                      "host")
+    t.set_stages([s0, s1], {"a": 0, "b": 1})
+    req = t.new_request(1, int(Priority.NORMAL), t.program(["b"], ["x"]), {"x": np.zeros(4, np.float32)})
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            errors: list[BaseException] = []
+
+            async def run() -> None:
+                try:
+                    await t.execute(req)
+                except RuntimeStateError as exc:
+                    errors.append(exc)
+
+            tg.start_soon(run)
+            await anyio.to_thread.run_sync(held.wait, 10)
+            workers = board.sched.stop()
+            go.set()
+            for w in workers:
+                await anyio.to_thread.run_sync(w.join)
+    assert ran == ["s0"] and len(errors) == 1 and "stopped" in str(errors[0])
+    assert t.statistics().in_flight == 0 and t.statistics().failed == 1
+    for pool in board.pools.values():
+        pool.close()
+
+
 # -- figures ----------------------------------------------------------------------------------------
 
 async def test_per_tenant_busy_time_per_device_sums_to_the_boards(board: _Board) -> None:

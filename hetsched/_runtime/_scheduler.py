@@ -373,14 +373,7 @@ class Scheduler:
         for st in req.program.initial:
             w = workers.get(st.device)
             if w is None:
-                with req.lock:
-                    if req.closed:
-                        return
-                    req.error = RuntimeStateError("the session stopped its device workers")
-                    req.closed = True
-                    if not req.running:
-                        req.finalize_locked()
-                self.wake(req)
+                self._workers_gone(req)
                 return
             if req.deadline is not None and self.priorities:
                 tenant = req.tenant
@@ -390,12 +383,28 @@ class Scheduler:
 
     def push(self, req: Request, st: StageRuntime) -> None:
         """Queue ``req``'s ready stage ``st`` on its device's heap (any thread): a request with
-        a deadline is keyed for this stage first (its latest start, or flagged; see ``_tenants``)."""
+        a deadline is keyed for this stage first (its latest start, or flagged; see ``_order``).
+        With the workers stopped meanwhile, the request fails (nothing would run the stage)."""
+        w = self.workers.get(st.device)
+        if w is None:
+            self._workers_gone(req)
+            return
         if req.deadline is not None and self.priorities:
             tenant = req.tenant
             assert tenant is not None
             rekey(tenant, req, st)
-        self.workers[st.device].push(req, st)
+        w.push(req, st)
+
+    def _workers_gone(self, req: Request) -> None:
+        """Fail ``req``: the device workers its next stage needs have stopped (any thread)."""
+        with req.lock:
+            if req.closed:
+                return
+            req.error = RuntimeStateError("the session stopped its device workers")
+            req.closed = True
+            if not req.running:
+                req.finalize_locked()
+        self.wake(req)
 
     def take_outputs(self, req: Request) -> list[tuple[str, Any]]:
         """The wanted values, closing the request: arrays the caller owns (copied once when the

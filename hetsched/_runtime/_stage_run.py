@@ -342,13 +342,13 @@ class StageRunner:
                     finished = not notify
                     notify = True
         if ready:
-            if req.deadline is None:  # no key to compute: straight onto the heaps
-                workers = host.workers
-                for nxt in ready:
-                    workers[nxt.device].push(req, nxt)
-            else:
-                for nxt in ready:
-                    host.push(req, nxt)
+            workers = host.workers
+            for nxt in ready:
+                w = workers.get(nxt.device)
+                if w is None or req.deadline is not None:
+                    host.push(req, nxt)  # a key to compute, or the workers stopped: the host decides
+                else:
+                    w.push(req, nxt)  # straight onto the heap
         if restart:
             tenant.restart(req)
         elif finished:
