@@ -63,6 +63,12 @@ __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
 
 log = logging.getLogger("hetsched.governor")
 
+def _samples_integrated_by_telemetry(port: ClockPort) -> bool:
+    from ._sysfs import SysfsPort
+
+    return isinstance(port, SysfsPort)
+
+
 class GovernorEngine:
     """Synchronous governor core over a :class:`ClockPort` (see the module docstring).
 
@@ -107,11 +113,11 @@ class GovernorEngine:
                                    config=self.config.tuner)
         # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
         # at phase boundaries; a simulation's (or another port's) counter is its own.
-        self._meter = PowerMeter(counters=not port.integrates_samples_by_telemetry)
+        self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))
         self._guard = ThermalGuard(self.config)
         self._clocks = ClockWriter(port, self.domains, self.config)
         self._saved: Any = None
-        self._published = Publisher(port.state_dir, soc=port.soc)
+        self._published = Publisher.for_port(port)
         self._started = False
         self._restored = False
         # phase in progress
