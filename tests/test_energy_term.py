@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import PlacementError
-from hetsched._planning.costs import modelled_energy_j
 from hetsched._devices.resolve import resolve_devices
+from hetsched._planning.costs import modelled_energy_j
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.plan import build_plan
 from hetsched._planning.states import device_states

@@ -18,8 +18,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import BackendUnavailableError, Session
-from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S, launch_seconds
 from hetsched._devices.resolve import resolve_devices
+from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S, launch_seconds
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.plan import Plan, build_plan
 from hetsched.backends import Device
