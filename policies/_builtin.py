@@ -216,6 +216,7 @@ class HEFT:
         mean_latency = sum(link.latency_s for link in pair_links if link is not None) / n_pairs if n_pairs else 0.0
         mean_spb = sum(link.seconds_per_byte for link in pair_links if link is not None) / n_pairs if n_pairs else 0.0
         edges = problem.edges
+        links = problem.links
 
         def avg_comm(u: int, v: int) -> float:
             if n_pairs == 0:
@@ -259,7 +260,12 @@ class HEFT:
                 for p in u.preds:
                     if p not in finish:  # zero-cost ties: fall back to topological safety
                         raise PlacementError(f"HEFT: unit {uid} ranked before its predecessor {p}")
-                    t = finish[p] + problem.transfer_seconds(p, uid, assignment[p], dev)
+                    src = assignment[p]
+                    t = finish[p]
+                    if src != dev:  # problem.transfer_seconds, inlined (the hot loop of long graphs)
+                        link = links.get((src, dev))
+                        if link is not None:
+                            t += link.latency_s + edges.get((p, uid), 0.0) * link.seconds_per_byte
                     if t > ready:
                         ready = t
                 dur = cost[(uid, dev)]
