@@ -258,9 +258,9 @@ def soc_devices(soc: str, specs: Sequence[str] | None) -> list[Any]:
     :raises UnknownSocError: unknown ``soc``.
     :raises DeviceSpecError: a spec the board lacks (the message lists its specs), or duplicates.
     """
-    from hetsched._errors import DeviceSpecError
     from hetsched._devices.board import BoardRoot, resolve_board_spec
     from hetsched._devices.resolve import NPU_SPECS, resolve_devices
+    from hetsched._errors import DeviceSpecError
     from hetsched.backends.sim import twin_devices
 
     twins = twin_devices(soc)
