@@ -112,3 +112,12 @@ def test_the_fold_weighs_other_sessions_reservations() -> None:
     assert shared.problem.reservations == (busy,) and shared.problem.priority == 2 and shared.problem.slo_s == 0.5
     # another session keeps both cores 90 % busy: the fold must not move the model back onto them
     assert "cpu:0-1" not in {s.device for s in shared.stages}, shared.table()
+
+
+def test_the_offered_rate_reaches_the_placement_problem() -> None:
+    from hetsched._planning.plan import Plan
+
+    plan = _small_dag_plan(rate_hz=25.0, slo_s=0.2)
+    assert isinstance(plan, Plan)
+    assert plan.problem.rate_hz == 25.0 and plan.problem.slo_s == 0.2
+    assert _small_dag_plan().problem.rate_hz is None  # type: ignore[attr-defined]

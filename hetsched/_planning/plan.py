@@ -263,12 +263,14 @@ def build_plan(
     reservations: Sequence[Reservation] = (),
     priority: int = 2,
     slo_s: float | None = None,
+    rate_hz: float | None = None,
 ) -> Plan:
     """Partition ``index`` for ``devices`` and place it with ``policy``.
 
     :param reservations: other sessions' load on the devices (:class:`~hetsched.policies.Reservation`),
-        ``priority`` this model's (a ``hetsched.Priority`` value) and ``slo_s`` its deadline per
-        request: passed to the policy in the :class:`~hetsched.policies.PlacementProblem`; the stage
+        ``priority`` this model's (a ``hetsched.Priority`` value), ``slo_s`` its deadline per
+        request and ``rate_hz`` its offered requests per second (None: unknown or a closed loop):
+        passed to the policy in the :class:`~hetsched.policies.PlacementProblem`; the stage
         fold weighs the costs with the reservations priced in (``problem.contended()``).
 
     :param boundary: what a stage boundary costs (:class:`~hetsched._planning.costs.BoundaryCosts`,
@@ -291,7 +293,7 @@ def build_plan(
         return _build_plan(index, devices, policy, max_unit_nodes=max_unit_nodes, device_states=device_states,
                            costs=costs, capabilities=capabilities, node_costs=node_costs,
                            refused=refused or {}, boundary=boundary or BOUNDARY,
-                           contention=(tuple(reservations), int(priority), slo_s))
+                           contention=_Contention(tuple(reservations), int(priority), slo_s, rate_hz))
 
 
 def _build_plan(
@@ -306,7 +308,7 @@ def _build_plan(
     node_costs: Sequence[NodeCost] | None,
     refused: Mapping[tuple[str, str], str],
     boundary: BoundaryCosts,
-    contention: tuple[tuple[Reservation, ...], int, float | None] = ((), 2, None),
+    contention: _Contention | None = None,
 ) -> Plan:
     pol = get_policy(policy)
     caps = dict(capabilities) if capabilities is not None else {
@@ -321,8 +323,10 @@ def _build_plan(
     for k, st in (device_states or {}).items():
         if k in states:
             states[k] = st
+    load = contention or _Contention()
     problem = PlacementProblem(tuple(priced.units), states, priced.cost, graph.edges, _links(devices, boundary),
-                               priced.energy, *contention)
+                               priced.energy, reservations=load.reservations, priority=load.priority,
+                               slo_s=load.slo_s, rate_hz=load.rate_hz)
     placement, left = _place_and_fold(pol, problem, devices, boundary)
     stages = merge_stages(index, drafts, placement.assignment, graph.preds, graph.succs)
     return Plan(
@@ -342,6 +346,16 @@ def _build_plan(
         offload=_offload_notes(index, devices, caps, priced.units, drafts, placement.assignment, priced.refusals,
                                left, priced.cost),
     )
+
+
+@dataclass(frozen=True)
+class _Contention:
+    """What other sessions and this model's load ask of the placement (see :func:`build_plan`)."""
+
+    reservations: tuple[Reservation, ...] = ()
+    priority: int = 2
+    slo_s: float | None = None
+    rate_hz: float | None = None
 
 
 class _UnitGraph:
