@@ -133,6 +133,7 @@ if _typing.TYPE_CHECKING:
     from ._session._options import Scheduling as Scheduling
     from ._session._ort_session import InferenceSession as InferenceSession
     from ._session._ort_session import InferenceSessionStatistics as InferenceSessionStatistics
+    from ._session._replace import Replacement as Replacement
     from ._session._replan import Replanning as Replanning
     from ._session._replan import ReplanStatistics as ReplanStatistics
     from ._session._runtime import Runtime as Runtime
@@ -221,6 +222,7 @@ _LAZY: dict[str, str] = {
     "InferenceSessionStatistics": "._session._ort_session",
     "Replanning": "._session._replan",
     "ReplanStatistics": "._session._replan",
+    "Replacement": "._session._replace",
     "StageIO": "._runtime",
     "TransferInfo": "._runtime",
     "FailoverStatistics": "._runtime._failover",
@@ -328,6 +330,7 @@ __all__ = (
     "ProfileError",
     "RailInfo",
     "RailState",
+    "Replacement",
     "ReplanInfo",
     "ReplanStatistics",
     "Replanning",

@@ -59,6 +59,14 @@ from .._runtime._domains import Topology
 from .._runtime._scheduler import Scheduler
 from .._runtime._transfer import TransferEngine, TransferStatistics
 from ._options import Memory, Scheduling
+from ._replace import (
+    PlacementSnapshot,
+    PlacementState,
+    Replacement,
+    ReplacementDecision,
+    SessionLoad,
+    decide_replacement,
+)
 from ._setup import TransferEvents, make_topology
 from ._statistics import BoardSampler
 
@@ -118,6 +126,8 @@ class RuntimeStatistics:
     max_in_flight: int | None = None
     governor: Any = None
     """The governor's ``statistics()`` (None without one)."""
+    replacements: tuple[str, ...] = ()
+    """Every runtime-wide re-placement (attach, detach, load drift or ``replace()``), its reason, in order."""
 
 
 class _Attached:
@@ -150,6 +160,9 @@ class Runtime:
     :param governor: a :class:`hetsched.Governor` the runtime enters when it opens and exits when it
         closes (restoring every clock it changed), driven by every attached session's phases.
     :param hooks: objects with :class:`hetsched.Hooks` methods for the board's transfer events.
+    :param replacement: when the runtime re-places its sessions on its own (a session attached
+        and measured its load, one detached, the loads drifted: :class:`hetsched.Replacement`);
+        None: only when the app calls :meth:`replace`.
     :raises ValueError: ``max_in_flight`` is not positive.
     """
 
@@ -164,6 +177,7 @@ class Runtime:
         max_in_flight: int | None = None,
         governor: Any = None,
         hooks: Sequence[object] = (),
+        replacement: Replacement | None = Replacement(),  # noqa: B008 (frozen: one shared value)
     ):
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
             raise ValueError(f"Runtime max_in_flight must be >= 1 or None, got {max_in_flight!r}")
@@ -171,6 +185,12 @@ class Runtime:
             raise TypeError(f"scheduling must be a hetsched.Scheduling, got {type(scheduling).__name__}")
         if not isinstance(memory, Memory):
             raise TypeError(f"memory must be a hetsched.Memory, got {type(memory).__name__}")
+        if replacement is not None and not isinstance(replacement, Replacement):
+            raise TypeError(f"replacement must be a hetsched.Replacement or None, got {type(replacement).__name__}")
+        self.replacement = replacement
+        self._placement = PlacementState()
+        self._replacements: list[str] = []
+        self._tg: anyio.abc.TaskGroup | None = None
         self._device_specs = devices
         self.root = root
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -201,7 +221,7 @@ class Runtime:
                  clock: Clock, scheduling: Scheduling, memory: Memory, dispatch: HookDispatcher) -> Runtime:
         """The runtime a Session without ``runtime=`` opens for itself: its transfer events go to
         the session's hooks, and a governor the session was given stays the caller's."""
-        rt = cls(devices=devices, root=root, clock=clock, scheduling=scheduling, memory=memory)
+        rt = cls(devices=devices, root=root, clock=clock, scheduling=scheduling, memory=memory, replacement=None)
         rt._dispatch = dispatch
         return rt
 
@@ -290,6 +310,7 @@ class Runtime:
         entry.closer = closer
         entry.replan = replan
         self._attached.append(entry)
+        self._placement = self._placement.with_attach(unique)
         return unique, tenant
 
     async def detach(self, tenant: Tenant) -> None:
@@ -303,6 +324,8 @@ class Runtime:
         entry.final_energy = entry.energy()
         self._attached.remove(entry)
         self._gone.append(entry)
+        if not self._closing:
+            self._placement = self._placement.with_detach(entry.name)
 
     def reservations(self, *, except_session: str | None = None) -> tuple[Reservation, ...]:
         """The load every attached session (but ``except_session``) puts on the board's devices,
@@ -322,19 +345,46 @@ class Runtime:
             out.append(Reservation(e.name, MappingProxyType(share), e.priority, e.tenant.slo_s))
         return tuple(out)
 
-    async def replace(self, reason: str = "requested") -> None:
+    def placement_snapshot(self) -> PlacementSnapshot:
+        """The attached sessions' loads now (what :func:`decide_replacement` reads). Any thread."""
+        loads = {r.session: r.busy_share for r in self.reservations()}
+        return PlacementSnapshot(self.clock.monotonic(), tuple(
+            SessionLoad(e.name, e.attached_at, e.tenant.statistics().completed,
+                        MappingProxyType(dict(loads.get(e.name, {}))))
+            for e in list(self._attached)))
+
+    async def review_placement(self) -> ReplacementDecision | None:
+        """Ask the runtime's :class:`hetsched.Replacement` policy whether to re-place now (what its
+        placement monitor does every ``period_s``), and re-place if so. Returns the decision
+        (None: every plan stays; always None with ``replacement=None``)."""
+        if self.replacement is None or not self._open or self._closing:
+            return None
+        self._placement, decision = decide_replacement(self.replacement, self._placement, self.placement_snapshot())
+        if decision is not None:
+            await self.replace(decision.trigger.reason, skip=decision.skip)
+        return decision
+
+    async def _placement_monitor(self, config: Replacement) -> None:
+        while True:
+            await anyio.sleep(config.period_s)
+            await self.review_placement()
+
+    async def replace(self, reason: str = "requested", *, skip: frozenset[str] | set[str] = frozenset()) -> None:
         """Re-place every attached session now, one after the other, each planned knowing the
         load the others put on the devices (:meth:`reservations`); requests keep being served
         (each session switches plans as ``Session.replan`` does). A session that finds no new
-        plan keeps its own (counted in its ``statistics().replanning.failed``).
+        plan keeps its own (counted in its ``statistics().replanning.failed``). ``skip``: sessions
+        left as they are (a newcomer already placed knowing the others). Counted in
+        :attr:`RuntimeStatistics.replacements`.
 
         :raises RuntimeStateError: the runtime is not open.
         """
         from .._errors import HetschedError
 
         self.scheduler  # noqa: B018 (raises when not open)
+        self._replacements.append(reason)
         for e in list(self._attached):
-            if e.replan is None or e not in self._attached:
+            if e.replan is None or e not in self._attached or e.name in skip:
                 continue
             with contextlib.suppress(HetschedError):  # counted by the session; its plan stays
                 await e.replan(f"placement: {reason}")
@@ -363,6 +413,11 @@ class Runtime:
                 await self.governor.__aenter__()
                 governor_entered = True
             self._scheduler.start(self._devices, worker_cpus)
+            if self.replacement is not None:
+                tg = anyio.create_task_group()
+                await tg.__aenter__()
+                self._tg = tg
+                tg.start_soon(self._placement_monitor, self.replacement)
         except BaseException:
             await self._close_board(governor_entered)
             raise
@@ -389,10 +444,16 @@ class Runtime:
                     await entry.closer()
         finally:
             try:
-                leak = await self._close_board(self._owns_governor)
+                tg, self._tg = self._tg, None
+                if tg is not None:  # the placement monitor: entered in __aenter__, exited here
+                    tg.cancel_scope.cancel()
+                    await tg.__aexit__(None, None, None)
             finally:
-                self._open = False
-                self._closing = False
+                try:
+                    leak = await self._close_board(self._owns_governor)
+                finally:
+                    self._open = False
+                    self._closing = False
         return leak
 
     async def stop_workers(self) -> None:
@@ -481,7 +542,7 @@ class Runtime:
             transfers=self._engine.statistics() if self._engine is not None else None,
             queued_stages=sst.queued_stages if sst is not None else 0,
             in_flight=sst.admitted if sst is not None else 0, max_in_flight=self._max_in_flight,
-            governor=gov.statistics() if gov is not None else None)
+            governor=gov.statistics() if gov is not None else None, replacements=tuple(self._replacements))
 
 
 def worker_cpus(dev: Device) -> Sequence[tuple[int, ...]]:
