@@ -57,8 +57,8 @@ __all__ = [
     "unregister_backend",
 ]
 
-_cache: dict[str, Any] = {}
-_registered: dict[str, Any] = {}
+_cache: dict[str, Backend] = {}
+_registered: dict[str, Backend] = {}
 
 
 def register_backend(name: str, backend: Backend) -> None:
@@ -102,6 +102,6 @@ def get_backend(name: str) -> Backend:
     if cls is None:
         raise BackendUnavailableError(f"no backend named {name!r} (built-in: 'cpu'; others register under the "
                                       "'hetsched.backends' entry-point group)")
-    backend = cls()
-    _cache[name] = backend
-    return backend
+    made: Backend = cls()  # an entry point's or a module's backend_class: a plugin, checked by use
+    _cache[name] = made
+    return made

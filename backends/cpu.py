@@ -165,8 +165,10 @@ class CpuStage:
             if raw is not None and len(feeds) == len(self.input_names):
                 # every input fed (the session validated names, dtypes and shapes already):
                 # the C++ run alone, without the Python wrapper's re-validation of the names
-                return raw(self._output_list, feeds, self._run_options)
-            return self._session.run(None, dict(feeds), self._run_options)
+                outputs: list[np.ndarray] = raw(self._output_list, feeds, self._run_options)
+            else:
+                outputs = self._session.run(None, dict(feeds), self._run_options)
+            return outputs
         except Exception as exc:  # onnxruntime raises several unrelated types
             raise self._error(exc) from exc
 

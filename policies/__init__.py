@@ -53,7 +53,7 @@ __all__ = [
     "validate_placement",
 ]
 
-_BUILTIN: dict[str, Callable[..., Any]] = {
+_BUILTIN: dict[str, Callable[..., PlacementPolicy]] = {
     "power-thermal": PowerThermalWeighted,
     "heft": HEFT,
     "random": RandomPolicy,
@@ -98,9 +98,8 @@ def get_policy(spec: str | PlacementPolicy | Callable[[PlacementProblem], Any] |
         for ep in entry_points(group="hetsched.policies"):
             if ep.name == name:
                 obj = ep.load()
-                policy = obj() if isinstance(obj, type) else obj
-                if not hasattr(policy, "place"):
-                    policy = _CallablePolicy(policy)
+                loaded = obj() if isinstance(obj, type) else obj  # a plugin: checked by use
+                policy: PlacementPolicy = loaded if hasattr(loaded, "place") else _CallablePolicy(loaded)
                 return policy
         known = sorted({*_BUILTIN, "pinned:DEVICE", *(ep.name for ep in entry_points(group="hetsched.policies"))})
         raise PlacementError(f"unknown policy {spec!r}; known: {known}")

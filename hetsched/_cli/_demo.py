@@ -26,7 +26,7 @@ from ._common import (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="split an embedded model across this machine's devices and run it")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"embedded model (default {DEFAULT_MODEL})")
     add_devices_args(p)

@@ -29,7 +29,7 @@ from ._common import (
 from ._compile import add_int8_args, calibration_arg, with_accuracy
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="partition and place a model; print the placement table")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_resnet50)")
     add_devices_args(p)

@@ -180,7 +180,7 @@ async def sampled(board: BoardEnergy | None, work: Callable[[], Awaitable[T]], *
 
 
 async def paced_requests(
-    session: Any, feeds: dict, n: int, period_s: float, deadline_s: float, progress: Progress,
+    session: Any, feeds: dict[str, Any], n: int, period_s: float, deadline_s: float, progress: Progress,
     board: BoardEnergy | None = None,
 ) -> Paced:
     """``n`` requests, one per ``period_s`` (wall), each judged against ``deadline_s``; ``board``
@@ -269,7 +269,7 @@ def decision_log(enabled: bool) -> Iterator[None]:
         logger.setLevel(old_level)
 
 
-async def run_governed(args: argparse.Namespace, serve: Callable[[list], Awaitable[int]]) -> int:
+async def run_governed(args: argparse.Namespace, serve: Callable[[list[Any]], Awaitable[int]]) -> int:
     """``serve`` under the phase governor (``serve`` finds it on the hooks it is given)."""
     from hetsched._governor import Governor, GovernorConfig
     from hetsched._session._governed import GovernorHooks

@@ -249,7 +249,7 @@ class Adapter:
         made: list[tuple[Any, Any]] = []
 
         def work() -> tuple[Any, Any]:
-            result = self._plan_fn(excluded, states, use_costs)
+            result: tuple[Any, Any] = self._plan_fn(excluded, states, use_costs)
             made.append(result)
             return result
 

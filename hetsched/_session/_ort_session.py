@@ -118,15 +118,16 @@ _COMPAT: dict[type[BaseException], type[BaseException]] = {}
 def _ort_base(err: HetschedError) -> type[Exception]:
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
+    base: type[Exception] = state.Fail  # onnxruntime's pybind module is untyped
     if isinstance(err, InputError):
-        return state.InvalidArgument
-    if isinstance(err, ModelNotFoundError):
-        return state.NoSuchFile
-    if isinstance(err, ModelFormatError):
-        return state.InvalidProtobuf
-    if isinstance(err, InvalidModelError):
-        return state.InvalidGraph
-    return state.Fail
+        base = state.InvalidArgument
+    elif isinstance(err, ModelNotFoundError):
+        base = state.NoSuchFile
+    elif isinstance(err, ModelFormatError):
+        base = state.InvalidProtobuf
+    elif isinstance(err, InvalidModelError):
+        base = state.InvalidGraph
+    return base
 
 
 def ort_compatible(err: HetschedError) -> HetschedError:

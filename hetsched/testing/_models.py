@@ -67,5 +67,5 @@ def _weight(rng: np.random.Generator, shape: tuple[int, ...], role: tuple[str, i
         return (rng.standard_normal(shape) * 0.01).astype(np.float32)  # bias, mean
     fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
     if fan_in:
-        return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        return (rng.standard_normal(shape) * float(np.sqrt(2.0 / fan_in))).astype(np.float32)
     return (rng.standard_normal(shape) * 0.01).astype(np.float32)  # biases
