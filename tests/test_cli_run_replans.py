@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
+import pytest
+
 from hetsched._cli._run import _print_text
 
 
@@ -26,7 +28,7 @@ def _summary() -> dict:
     }
 
 
-def test_the_text_summary_lists_every_replan_and_every_failed_one(capsys) -> None:
+def test_the_text_summary_lists_every_replan_and_every_failed_one(capsys: pytest.CaptureFixture[str]) -> None:
     s = SimpleNamespace(plan=SimpleNamespace(table=lambda: "PLAN"))
     args = argparse.Namespace(stream=False, warmup=1, check=False, root=None)
     _print_text(s, args, _summary(), None)
@@ -37,7 +39,7 @@ def test_the_text_summary_lists_every_replan_and_every_failed_one(capsys) -> Non
     assert "re-plan failed (the plan stayed): power: headroom 0.01 below 0.05: no device left" in out
 
 
-def test_no_replan_prints_no_replan_line(capsys) -> None:
+def test_no_replan_prints_no_replan_line(capsys: pytest.CaptureFixture[str]) -> None:
     summary = _summary()
     summary["replans"] = {"count": 0, "last_reason": None, "reasons": {}, "history": [], "failed": 0, "errors": []}
     _print_text(SimpleNamespace(plan=SimpleNamespace(table=lambda: "PLAN")),

@@ -31,8 +31,10 @@ sessions keep being served. A Session made without ``runtime=`` opens a private 
 own (today's behaviour). Closing the runtime closes every session still attached first.
 
 Per-session energy: each session's ``statistics().energy_j`` is what its stage runs spent (as
-the backends model or measure it); :meth:`Runtime.statistics` gives the board's total and its
-split by each session's share of the devices' busy time.
+the backends model or measure it); :meth:`Runtime.statistics` gives the board's total (its
+measured input rail integrated since the runtime opened, where the root has one: a Jetson, the
+orin-nx twin; else the stages' modelled sum, labelled so) and its split by each session's share
+of the devices' busy time (``hetsched/_session/_board_energy.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from .._runtime._clock import Clock, SystemClock
 from .._runtime._domains import Topology
 from .._runtime._scheduler import Scheduler
 from .._runtime._transfer import TransferEngine, TransferStatistics
+from ._board_energy import ENERGY_SAMPLE_PERIOD_S, BoardRailMeter
 from ._options import Memory, Scheduling
 from ._replace import (
     PlacementSnapshot,
@@ -113,12 +116,21 @@ class RuntimeStatistics:
     busy_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     """Per device, the busy seconds of every session."""
     energy_j: float | None = None
-    """The board's energy: the sum of every session's stage energy (see :attr:`energy_source`);
-    None where no backend reports energy."""
+    """The board's energy since the runtime opened (until it closed): its measured board-input
+    rail integrated where the root has one (a Jetson, the orin-nx twin), idle time included;
+    elsewhere the sum of every session's stage energy (see :attr:`energy_source`); None where
+    neither is known."""
     energy_source: str | None = None
-    """``"modelled"`` (a twin's power model at the clocks of each run) or None."""
+    """``"measured: VDD_IN"`` (the board's rail), ``"modelled"`` (the sum of the stages' modelled
+    energy: a twin's power model at the clocks of each run; an RK3588 has no power monitor) or None."""
     energy_split_j: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    """:attr:`energy_j` split by each session's share of the devices' busy time; sums to it."""
+    """:attr:`energy_j` split by each session's share of the devices' busy time; sums to it
+    (once anything ran)."""
+    stage_energy_j: float | None = None
+    """The sum of every session's stage energy (their ``statistics().energy_j``), whatever
+    :attr:`energy_source` is."""
+    energy_note: str | None = None
+    """Why :attr:`energy_j` is not measured (no measured board rail under the root, ...)."""
     transfers: TransferStatistics | None = None
     queued_stages: int = 0
     in_flight: int = 0
@@ -191,6 +203,8 @@ class Runtime:
         self._placement = PlacementState()
         self._replacements: list[str] = []
         self._tg: anyio.abc.TaskGroup | None = None
+        self._measure_energy = True
+        self._meter: BoardRailMeter | None = None
         self._device_specs = devices
         self.root = root
         self.clock: Clock = clock if clock is not None else SystemClock()
@@ -223,6 +237,7 @@ class Runtime:
         the session's hooks, and a governor the session was given stays the caller's."""
         rt = cls(devices=devices, root=root, clock=clock, scheduling=scheduling, memory=memory, replacement=None)
         rt._dispatch = dispatch
+        rt._measure_energy = False  # its session's own figures; nobody reads the board's
         return rt
 
     # -- what sessions read -------------------------------------------------------------------
@@ -364,6 +379,12 @@ class Runtime:
             await self.replace(decision.trigger.reason, skip=decision.skip)
         return decision
 
+    async def _energy_sampler(self) -> None:
+        meter = self._meter
+        while meter is not None and meter.measuring:
+            await anyio.sleep(ENERGY_SAMPLE_PERIOD_S)
+            await anyio.to_thread.run_sync(meter.sample)
+
     async def _placement_monitor(self, config: Replacement) -> None:
         while True:
             await anyio.sleep(config.period_s)
@@ -412,12 +433,22 @@ class Runtime:
             if self._owns_governor:
                 await self.governor.__aenter__()
                 governor_entered = True
+            if self._measure_energy:
+                meter = await anyio.to_thread.run_sync(
+                    lambda: BoardRailMeter(self.root, clock=self.clock.monotonic))
+                if meter.measuring:
+                    await anyio.to_thread.run_sync(meter.sample)  # the runtime's opening
+                self._meter = meter
             self._scheduler.start(self._devices, worker_cpus)
-            if self.replacement is not None:
+            measuring = self._meter is not None and self._meter.measuring
+            if self.replacement is not None or measuring:
                 tg = anyio.create_task_group()
                 await tg.__aenter__()
                 self._tg = tg
-                tg.start_soon(self._placement_monitor, self.replacement)
+                if self.replacement is not None:
+                    tg.start_soon(self._placement_monitor, self.replacement)
+                if measuring:
+                    tg.start_soon(self._energy_sampler)
         except BaseException:
             await self._close_board(governor_entered)
             raise
@@ -445,9 +476,12 @@ class Runtime:
         finally:
             try:
                 tg, self._tg = self._tg, None
-                if tg is not None:  # the placement monitor: entered in __aenter__, exited here
+                if tg is not None:  # the placement monitor, the energy sampler: entered in __aenter__
                     tg.cancel_scope.cancel()
                     await tg.__aexit__(None, None, None)
+                if self._meter is not None and self._meter.measuring:
+                    with anyio.CancelScope(shield=True):  # the board's energy up to the close
+                        await anyio.to_thread.run_sync(self._meter.sample)
             finally:
                 try:
                     leak = await self._close_board(self._owns_governor)
@@ -522,7 +556,16 @@ class Runtime:
                 busy[dev] = busy.get(dev, 0.0) + sec
         total_busy = sum(busy.values())
         energies = [en for _, _, en in shares if en is not None]
-        total = sum(energies) if energies else None
+        stage_total = sum(energies) if energies else None
+        total, source, note = stage_total, "modelled" if stage_total is not None else None, None
+        meter = self._meter
+        if meter is not None:
+            if self._open and not self._closing:
+                meter.sample()  # the board's energy up to this call
+            if meter.source is not None:
+                total, source = meter.energy_j, meter.source
+            else:
+                note = meter.note or f"the {meter.rail} rail read fewer than two samples so far"
         out: list[SessionShare] = []
         split: dict[str, float] = {}
         for e, ts, en in shares:
@@ -537,8 +580,8 @@ class Runtime:
         gov = self.governor
         return RuntimeStatistics(
             sessions=tuple(out), devices=tuple(d.name for d in self._devices), worker_threads=self.worker_threads(),
-            busy_s=MappingProxyType(busy), energy_j=total, energy_source="modelled" if total is not None else None,
-            energy_split_j=MappingProxyType(split),
+            busy_s=MappingProxyType(busy), energy_j=total, energy_source=source,
+            energy_split_j=MappingProxyType(split), stage_energy_j=stage_total, energy_note=note,
             transfers=self._engine.statistics() if self._engine is not None else None,
             queued_stages=sst.queued_stages if sst is not None else 0,
             in_flight=sst.admitted if sst is not None else 0, max_in_flight=self._max_in_flight,
