@@ -24,6 +24,7 @@ from hetsched._governor import (
     TunerStatistics,
     axis_tuner,
 )
+from hetsched._governor._state_dir import StateDir
 from hetsched._snapshot import Snapshot, ZoneState
 
 Table = Callable[[Phase, Mapping[str, int]], tuple[float, float]]
@@ -59,9 +60,10 @@ def additive_table(
 class TableBoard:
     """The fake board; implements the governor's ClockPort."""
 
-    soc = "fake"
-    state_dir = None  # ClockPort capabilities: no state directory (publishes nothing),
-    integrates_samples_by_telemetry = False  # and its snapshots carry their own power
+    soc: str | None = "fake"
+    state_dir: StateDir | None = None  # ClockPort capabilities: no state directory (publishes nothing),
+    integrates_samples_by_telemetry = False  # its snapshots carry their own power,
+    settle_s = 0.0  # and a write shows at once
 
     def __init__(
         self,

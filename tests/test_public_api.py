@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.resources
+import importlib.util
 import inspect
 import re
+import sys
 import types
 from pathlib import Path
+
+import pytest
 
 import hetsched
 import hetsched._errors as errors
@@ -128,7 +132,10 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
 
 
 def test_version_matches_pyproject() -> None:
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: tomllib's parent package
+        tomllib = pytest.importorskip("tomli")
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert hetsched.__version__ == meta["project"]["version"]
