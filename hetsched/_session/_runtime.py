@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 
     from .._runtime._tenants import SchedulerStatistics, Tenant, TenantStatistics
     from ._governed import GovernorHooks
+    from ._trace import SessionTrace, _TraceHooks
 
 __all__ = ["Runtime", "RuntimeStatistics", "SessionShare"]
 
@@ -172,6 +173,9 @@ class Runtime:
     :param governor: a :class:`hetsched.Governor` the runtime enters when it opens and exits when it
         closes (restoring every clock it changed), driven by every attached session's phases.
     :param hooks: objects with :class:`hetsched.Hooks` methods for the board's transfer events.
+    :param trace: write one Chrome trace event JSON file here for the whole board (see
+        ``hetsched/_session/_trace.py``): a process per session for its requests, its stage slices
+        on the device workers named by session, transfers, counters, the governor's phases.
     :param replacement: when the runtime re-places its sessions on its own (a session attached
         and measured its load, one detached, the loads drifted: :class:`hetsched.Replacement`);
         None: only when the app calls :meth:`replace`.
@@ -190,6 +194,7 @@ class Runtime:
         governor: Any = None,
         hooks: Sequence[object] = (),
         replacement: Replacement | None = Replacement(),  # noqa: B008 (frozen: one shared value)
+        trace: str | os.PathLike[str] | None = None,
     ):
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
             raise ValueError(f"Runtime max_in_flight must be >= 1 or None, got {max_in_flight!r}")
@@ -214,6 +219,13 @@ class Runtime:
         self.governor = governor
         self._owns_governor = governor is not None
         self._governor_hooks: GovernorHooks | None = None
+        self._trace: SessionTrace | None = None
+        self._handed: list[_TraceHooks] = []
+        if trace is not None:
+            from ._trace import SessionTrace
+
+            self._trace = SessionTrace(trace, clock=self.clock, root=root)
+            hooks = self._trace.wrap_hooks(hooks)
         self._dispatch = HookDispatcher(hooks)
         self._devices: list[Device] = []
         self._topology: Topology | None = None
@@ -291,6 +303,15 @@ class Runtime:
         """The names of the sessions attached now."""
         return tuple(a.name for a in self._attached)
 
+    def trace_hooks(self) -> _TraceHooks | None:
+        """The hooks a session attaching adds to its own (last) so the runtime's trace shows its
+        requests on a track of its own (None without ``trace=``); named when it attaches."""
+        if self._trace is None:
+            return None
+        h = self._trace.session_hooks()
+        self._handed.append(h)
+        return h
+
     def sample_states(self, devices: Sequence[Device], *, power_budget_w: float | None = None,
                       ) -> Mapping[str, DeviceState] | None:
         """One telemetry sample of the board (blocking; any thread, one at a time): the state of
@@ -321,6 +342,10 @@ class Runtime:
             unique, k = f"{base}#{k}", k + 1
         tenant = sch.attach(unique, dispatch=dispatch, costs=costs, learn_costs=learn_costs, weight=weight,
                             max_in_flight=max_in_flight, slo_s=slo_s)
+        for h in dispatch.hooks:  # the runtime trace's hooks it handed this session: name its track
+            for mine in self._handed:
+                if h is mine:
+                    mine.label(unique)
         entry = _Attached(unique, tenant, energy, priority, self.clock.monotonic())
         entry.closer = closer
         entry.replan = replan
@@ -433,6 +458,11 @@ class Runtime:
             if self._owns_governor:
                 await self.governor.__aenter__()
                 governor_entered = True
+            if self._trace is not None:
+                gov_hooks = self.governor_hooks
+                if gov_hooks is not None:
+                    self._trace.watch_governors([gov_hooks])
+                await anyio.to_thread.run_sync(self._trace.open, [d.name for d in self._devices])
             if self._measure_energy:
                 meter = await anyio.to_thread.run_sync(
                     lambda: BoardRailMeter(self.root, clock=self.clock.monotonic))
@@ -441,7 +471,8 @@ class Runtime:
                 self._meter = meter
             self._scheduler.start(self._devices, worker_cpus)
             measuring = self._meter is not None and self._meter.measuring
-            if self.replacement is not None or measuring:
+            tracing = self._trace is not None and self._trace.wants_task
+            if self.replacement is not None or measuring or tracing:
                 tg = anyio.create_task_group()
                 await tg.__aenter__()
                 self._tg = tg
@@ -449,6 +480,8 @@ class Runtime:
                     tg.start_soon(self._placement_monitor, self.replacement)
                 if measuring:
                     tg.start_soon(self._energy_sampler)
+                if tracing and self._trace is not None:
+                    tg.start_soon(self._trace.sample_forever)
         except BaseException:
             await self._close_board(governor_entered)
             raise
@@ -460,6 +493,8 @@ class Runtime:
         leak = await self.aclose()
         if leak is not None and exc is None:
             raise leak
+        if exc is None and self._trace is not None and self._trace.failure is not None:
+            raise self._trace.failure  # a full disk: the trace is cut where it says
 
     async def aclose(self) -> BufferLeakError | None:
         """Close every session still attached, then the board (workers, engine, pools, the
@@ -482,6 +517,9 @@ class Runtime:
                 if self._meter is not None and self._meter.measuring:
                     with anyio.CancelScope(shield=True):  # the board's energy up to the close
                         await anyio.to_thread.run_sync(self._meter.sample)
+                if self._trace is not None:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._trace.close)
             finally:
                 try:
                     leak = await self._close_board(self._owns_governor)

@@ -210,6 +210,9 @@ class Session:
             governor_hooks = runtime.governor_hooks
             if governor_hooks is not None:
                 hooks = [*hooks, governor_hooks]
+            board_trace = runtime.trace_hooks()  # the runtime's trace: this session's track
+            if board_trace is not None:
+                hooks = [*hooks, board_trace]
         else:
             root = "/" if root is None else root
             if governor is not None:

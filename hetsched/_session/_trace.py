@@ -17,6 +17,11 @@ to a :class:`~hetsched._session._trace_writer.TraceWriter`. What a viewer shows,
     compile          one slice per stage compile, on the compile thread that ran it
     replan           a global instant with the reason
 
+A :class:`~hetsched.Runtime`'s trace (``Runtime(trace=PATH)``) is one file for every session
+attached to it: each session has its own process ``requests <session>`` (its requests' lanes and
+its re-plans), and its stage slices on the device workers are named ``<session>: <stage>`` with
+``args.session`` (request ids are numbered per session: a request is ``(session, id)``).
+
 Timestamps are microseconds since the trace opened, all read from the session's clock
 (``EventInfo.time_s`` is ``clock.perf_counter()``; telemetry is stamped with the same clock).
 Slices of one track never overlap: a worker thread runs one stage at a time; copies waiting
@@ -48,6 +53,8 @@ from ._trace_writer import TraceStatistics, TraceWriter
 __all__ = ["SessionTrace", "TraceStatistics"]
 
 PID_BOARD, PID_GOVERNOR, PID_REQUESTS, PID_TRANSFERS, PID_COMPILE, PID_DEVICES = 1, 2, 3, 4, 5, 10
+PID_SESSIONS = 1000
+"""A runtime's trace: the ``requests <session>`` process of its i-th session is ``PID_SESSIONS + i``."""
 _PROCESSES = {PID_BOARD: ("board", 0), PID_GOVERNOR: ("governor", 1), PID_TRANSFERS: ("transfers", 50),
               PID_REQUESTS: ("requests", 60), PID_COMPILE: ("compile", 70)}
 _MAX_OPEN_TRANSFERS = 4096
@@ -121,9 +128,10 @@ class SessionTrace:
         self._device_pids: dict[str, int] = {}
         self._stage_open: dict[int, tuple[float, int | None, str | None, str | None, str]] = {}
         self._compile_open: dict[int, float] = {}
-        self._requests: dict[int, tuple[float, int, str | None]] = {}
-        self._last_end: dict[int, float] = {}
-        self._req_lanes = _Lanes()
+        self._requests: dict[tuple[str | None, int], tuple[float, int, str | None]] = {}
+        self._last_end: dict[tuple[str | None, int], float] = {}
+        self._req_lanes: dict[str | None, _Lanes] = {}
+        self._session_pids: dict[str, int] = {}
         self._chan_lanes: dict[str, _Lanes] = {}
         self._xfers: dict[tuple[str, str], tuple[float, int, int]] = {}
         self._phases: list[tuple[Any, float, dict[str, float]] | None] = [None] * len(self._governors)
@@ -138,6 +146,17 @@ class SessionTrace:
         self._phases = [None] * len(self._governors)
         probe: list[object] = [_PhaseProbe(self)] if self._governors else []
         return [*probe, *hooks, _TraceHooks(self)]
+
+    def session_hooks(self) -> _TraceHooks:
+        """The hooks of one session of a runtime's trace (registered after the session's others);
+        its track is named by :meth:`_TraceHooks.label` once the runtime gave it its name."""
+        return _TraceHooks(self, session="?")
+
+    def watch_governors(self, hooks: Sequence[object]) -> None:
+        """Trace the phases of the governors of ``hooks`` (a runtime's :class:`hetsched.GovernorHooks`),
+        polled every ``period_s`` (before :meth:`open`)."""
+        self._governors = [g for h in hooks if hasattr(g := getattr(h, "governor", None), "current_phase")]
+        self._phases = [None] * len(self._governors)
 
     def open(self, devices: Sequence[str]) -> None:
         """Create the file, name the device processes, find the root's telemetry (blocking).
@@ -187,9 +206,10 @@ class SessionTrace:
             for (channel, label), (start, lane, _) in list(self._xfers.items()):
                 self._slice(PID_TRANSFERS, self._lane_tid(channel, lane), label.rpartition("#")[0] or label,
                             start, now, {"channel": channel, "unfinished": True})
-            for rid, (start, lane, prio) in list(self._requests.items()):
-                self._slice(PID_REQUESTS, self._request_tid(lane), f"request {rid}", start, now,
-                            {"request_id": rid, "priority": prio, "unfinished": True})
+            for (session, rid), (start, lane, prio) in list(self._requests.items()):
+                pid = self._requests_pid(session)
+                self._slice(pid, self._request_tid(lane, pid), f"request {rid}", start, now,
+                            {"request_id": rid, "session": session, "priority": prio, "unfinished": True})
             self._stage_open.clear()
             self._xfers.clear()
             self._requests.clear()
@@ -254,8 +274,18 @@ class SessionTrace:
         return self._track(PID_TRANSFERS, ("channel", channel, lane),
                            f"channel {channel}" + (f" ({lane + 1})" if lane else ""))
 
-    def _request_tid(self, lane: int) -> int:
-        return self._track(PID_REQUESTS, ("lane", lane), f"requests {lane + 1}")
+    def _request_tid(self, lane: int, pid: int = PID_REQUESTS) -> int:
+        return self._track(pid, ("lane", lane), f"requests {lane + 1}")
+
+    def _requests_pid(self, session: str | None) -> int:
+        """The process of a session's requests: ``requests`` alone, ``requests <session>`` in a runtime's."""
+        if session is None:
+            return PID_REQUESTS
+        pid = self._session_pids.get(session)
+        if pid is None:
+            pid = self._session_pids[session] = PID_SESSIONS + len(self._session_pids)
+            self._process(pid, f"requests {session}", pid)
+        return pid
 
     def _slice(self, pid: int, tid: int, name: str, start: float, end: float, args: dict[str, Any],
                cat: str | None = None) -> None:
@@ -312,9 +342,15 @@ class SessionTrace:
 class _TraceHooks(Hooks):
     """The session's hooks that feed a :class:`SessionTrace` (registered after all others)."""
 
-    def __init__(self, trace: SessionTrace):
+    def __init__(self, trace: SessionTrace, session: str | None = None):
         self._t = trace
         self._poll = trace.poll_phases if trace._governors else None
+        self.session = session
+        """The session's name in a runtime's trace (None: the trace of one session)."""
+
+    def label(self, session: str) -> None:
+        """Name the session these hooks trace (the runtime, when it attaches)."""
+        self.session = session
 
     # compile threads
     def before_compile(self, info: EventInfo) -> None:
@@ -350,15 +386,20 @@ class _TraceHooks(Hooks):
                      else info.time_s - (info.elapsed_s or 0.0))
             pid = t._device_pid(info.device)
             tid = t._thread_tid(pid, ident, threading.current_thread().name)
+            session = self.session
             args: dict[str, Any] = {
-                "request_id": rid, "priority": info.priority.name if info.priority is not None else None,
+                "request_id": rid, "session": session,
+                "priority": info.priority.name if info.priority is not None else None,
                 "bound": getattr(io, "bound", None), "energy_j": info.energy_j, "error": _error_text(info.error)}
-            req = t._requests.get(rid) if rid is not None else None
-            if req is not None and rid is not None:
+            key = (session, rid) if rid is not None else None
+            req = t._requests.get(key) if key is not None else None
+            if req is not None and key is not None:
                 args["since_request_start_us"] = round((start - req[0]) * 1e6, 3)
-                args["queued_us"] = round(max(0.0, start - t._last_end.get(rid, req[0])) * 1e6, 3)
-                t._last_end[rid] = info.time_s
-            t._slice(pid, tid, info.stage or "stage", start, info.time_s, args, cat="stage")
+                args["queued_us"] = round(max(0.0, start - t._last_end.get(key, req[0])) * 1e6, 3)
+                t._last_end[key] = info.time_s
+            name = info.stage or "stage"
+            t._slice(pid, tid, name if session is None else f"{session}: {name}", start, info.time_s, args,
+                     cat="stage")
 
     # the event loop
     def request_start(self, info: EventInfo) -> None:
@@ -366,8 +407,9 @@ class _TraceHooks(Hooks):
         if info.request_id is None:
             return
         with t._lock:
-            t._requests[info.request_id] = (info.time_s, t._req_lanes.take(),
-                                            info.priority.name if info.priority is not None else None)
+            lanes = t._req_lanes.setdefault(self.session, _Lanes())
+            t._requests[(self.session, info.request_id)] = (
+                info.time_s, lanes.take(), info.priority.name if info.priority is not None else None)
         if self._poll is not None:
             self._poll()
 
@@ -375,15 +417,17 @@ class _TraceHooks(Hooks):
         t, rid = self._t, info.request_id
         if rid is None:
             return
+        session = self.session
         with t._lock:
-            req = t._requests.pop(rid, None)
-            t._last_end.pop(rid, None)
+            req = t._requests.pop((session, rid), None)
+            t._last_end.pop((session, rid), None)
             if req is None:
                 return
             start, lane, prio = req
-            t._req_lanes.give(lane)
-            t._slice(PID_REQUESTS, t._request_tid(lane), f"request {rid}", start, info.time_s,
-                     {"request_id": rid, "priority": prio, "energy_j": info.energy_j,
+            t._req_lanes[session].give(lane)
+            pid = t._requests_pid(session)
+            t._slice(pid, t._request_tid(lane, pid), f"request {rid}", start, info.time_s,
+                     {"request_id": rid, "session": session, "priority": prio, "energy_j": info.energy_j,
                       "error": _error_text(info.error)}, cat="request")
 
     def before_transfer(self, info: EventInfo) -> None:
@@ -447,9 +491,10 @@ class _TraceHooks(Hooks):
     def replan(self, info: EventInfo) -> None:
         t, r = self._t, info.extra
         with t._lock:
-            t._process(PID_REQUESTS)
-            t._instant(PID_REQUESTS, 0, "replan", info.time_s, {
-                "reason": getattr(r, "reason", None), "number": getattr(r, "number", None),
+            pid = t._requests_pid(self.session)
+            t._process(pid)
+            t._instant(pid, 0, "replan", info.time_s, {
+                "session": self.session, "reason": getattr(r, "reason", None), "number": getattr(r, "number", None),
                 "moved_units": getattr(r, "moved_units", None),
                 "quarantined": list(getattr(r, "quarantined", ())) or None,
                 "seconds": getattr(r, "seconds", None)}, scope="g")
