@@ -4,7 +4,10 @@ Besides clocks, temperatures against their trips and rail power, each frame show
 session does to the board: on a live twin root the per-device load the twin renders from the
 sessions' reports (its load channel names the reporting pids), and the phase and per-domain
 targets of a running hetsched governor (the state file it publishes under the root's run
-directory, :class:`hetsched._governor._state_dir.StateDir`).
+directory, :class:`hetsched._governor._state_dir.StateDir`), and the per-session load of every
+running ``hetsched.Runtime(publish_load=True)`` (``hetsched run`` with several models and
+``--root``): each session's share of the board's busy time and its busy share per device (the
+file it publishes in the same directory, ``hetsched/_session/_load_file.py``).
 
 Every value is shown as the file says. A current clock outside the domain's own
 ``[min, max]`` limits is marked ``*`` with a footnote rather than clamped: it is what the
@@ -98,11 +101,15 @@ class SessionView:
     phase: str | None = None
     targets: dict[str, int] = field(default_factory=dict)
     locked: tuple[str, ...] = ()
+    sessions: tuple[Any, ...] = ()
+    """The sessions of running runtimes that publish their load
+    (:class:`hetsched._session._load_file.PublishedSession`)."""
 
 
 def read_session_view(fs: Any) -> SessionView:
     """Read the live twin's load channel listing and the governor's published state under ``fs``."""
     from hetsched._governor._state_dir import StateDir, pid_alive
+    from hetsched._session._load_file import read_published
 
     live = fs.is_dir(".hetsched-twin")
     pids = sorted({int(n.split("-", 1)[0]) for n in fs.listdir(".hetsched-twin/load")
@@ -121,6 +128,7 @@ def read_session_view(fs: Any) -> SessionView:
         live_twin=live, reporters=tuple(pids), governor_pid=pid,
         governor_alive=alive, phase=pub.phase, targets=dict(pub.targets),
         locked=tuple(str(x) for x in locked) if isinstance(locked, list) else (),
+        sessions=read_published(fs, pid_alive),
     )
 
 
@@ -137,6 +145,10 @@ def _session_lines(snap: Any, view: SessionView) -> list[str]:
             lines.append(f"governor pid {view.governor_pid}  phase {view.phase or '-'}  targets MHz: {targets or '-'}{locked}")
         else:
             lines.append(f"governor state left by pid {view.governor_pid}, which is not running: see `hetsched doctor`")
+    for s in view.sessions:
+        devices = "  ".join(f"{d} {_pct(v)}" for d, v in sorted(s.busy_share.items())) or "idle"
+        lines.append(f"session {s.name:<14} runtime pid {s.runtime_pid}  {_pct(s.share):>4} of the busy time  "
+                     f"{s.completed}/{s.requests} done  devices: {devices}")
     return lines
 
 

@@ -61,6 +61,7 @@ from .._runtime._domains import Topology
 from .._runtime._scheduler import Scheduler
 from .._runtime._transfer import TransferEngine, TransferStatistics
 from ._board_energy import ENERGY_SAMPLE_PERIOD_S, BoardRailMeter
+from ._load_file import PUBLISH_PERIOD_S, LoadPublisher, payload
 from ._options import Memory, Scheduling
 from ._replace import (
     PlacementSnapshot,
@@ -176,6 +177,8 @@ class Runtime:
     :param trace: write one Chrome trace event JSON file here for the whole board (see
         ``hetsched/_session/_trace.py``): a process per session for its requests, its stage slices
         on the device workers named by session, transfers, counters, the governor's phases.
+    :param publish_load: publish the sessions' load for ``hetsched top`` in a small file under the
+        root's ``run/hetsched`` (``hetsched/_session/_load_file.py``), removed when the runtime closes.
     :param replacement: when the runtime re-places its sessions on its own (a session attached
         and measured its load, one detached, the loads drifted: :class:`hetsched.Replacement`);
         None: only when the app calls :meth:`replace`.
@@ -195,6 +198,7 @@ class Runtime:
         hooks: Sequence[object] = (),
         replacement: Replacement | None = Replacement(),  # noqa: B008 (frozen: one shared value)
         trace: str | os.PathLike[str] | None = None,
+        publish_load: bool = False,
     ):
         if max_in_flight is not None and (isinstance(max_in_flight, bool) or max_in_flight < 1):
             raise ValueError(f"Runtime max_in_flight must be >= 1 or None, got {max_in_flight!r}")
@@ -209,6 +213,7 @@ class Runtime:
         self._replacements: list[str] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._measure_energy = True
+        self._publisher: LoadPublisher | None = LoadPublisher(root) if publish_load else None
         self._meter: BoardRailMeter | None = None
         self._device_specs = devices
         self.root = root
@@ -410,6 +415,24 @@ class Runtime:
             await anyio.sleep(ENERGY_SAMPLE_PERIOD_S)
             await anyio.to_thread.run_sync(meter.sample)
 
+    def publish_load(self) -> None:
+        """Write the attached sessions' load for ``hetsched top`` now (with ``publish_load=True``;
+        blocking: a small file under the root's ``run/hetsched``). Its runtime does it every
+        :data:`~hetsched._session._load_file.PUBLISH_PERIOD_S`."""
+        pub = self._publisher
+        if pub is None or not self._open or self._closing:
+            return  # closed: the file was withdrawn
+        res = {r.session: r.busy_share for r in self.reservations()}
+        st = self.statistics()
+        pub.publish(payload(self.clock.monotonic(), [
+            (s.name, next((e.priority for e in self._attached if e.name == s.name), 2), res.get(s.name, {}),
+             s.busy_share, s.requests, s.completed) for s in st.sessions if s.attached]))
+
+    async def _publish_forever(self, pub: LoadPublisher) -> None:
+        while pub.note is None:
+            await anyio.to_thread.run_sync(self.publish_load)
+            await anyio.sleep(PUBLISH_PERIOD_S)
+
     async def _placement_monitor(self, config: Replacement) -> None:
         while True:
             await anyio.sleep(config.period_s)
@@ -472,7 +495,7 @@ class Runtime:
             self._scheduler.start(self._devices, worker_cpus)
             measuring = self._meter is not None and self._meter.measuring
             tracing = self._trace is not None and self._trace.wants_task
-            if self.replacement is not None or measuring or tracing:
+            if self.replacement is not None or measuring or tracing or self._publisher is not None:
                 tg = anyio.create_task_group()
                 await tg.__aenter__()
                 self._tg = tg
@@ -482,6 +505,8 @@ class Runtime:
                     tg.start_soon(self._energy_sampler)
                 if tracing and self._trace is not None:
                     tg.start_soon(self._trace.sample_forever)
+                if self._publisher is not None:
+                    tg.start_soon(self._publish_forever, self._publisher)
         except BaseException:
             await self._close_board(governor_entered)
             raise
@@ -520,6 +545,9 @@ class Runtime:
                 if self._trace is not None:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._trace.close)
+                if self._publisher is not None:
+                    with anyio.CancelScope(shield=True):  # nothing runs on the board any more
+                        await anyio.to_thread.run_sync(self._publisher.withdraw)
             finally:
                 try:
                     leak = await self._close_board(self._owns_governor)
