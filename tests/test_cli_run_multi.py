@@ -67,7 +67,9 @@ def test_a_workload_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         (["light_squeezenet", "light_shufflenet", "--priority", "high,urgent"], "unknown priority 'urgent'"),
         (["light_squeezenet", "--rate", "-1"], "must be a finite number >= 0"),
         (["light_squeezenet", "light_shufflenet", "--slo-ms", "0,-"], "must be a finite number of ms > 0"),
-        (["light_squeezenet", "light_shufflenet", "--trace", "x.json"], "--trace runs one model"),
+        (["light_squeezenet", "light_shufflenet", "--trace", "x.json", "--independent"],
+         "--trace with several models writes the one Runtime's trace"),
+        (["light_squeezenet", "light_shufflenet", "--stream"], "--stream runs one model"),
         (["--rate", "3"], "give a MODEL"),
     ],
 )
@@ -149,3 +151,16 @@ def test_a_workload_can_fix_shapes(tmp_path: Path, capsys: pytest.CaptureFixture
     wl.write_text(json.dumps({"models": [{"model": free, "shape": {"x": [0, 4]}}]}))
     with pytest.raises(SystemExit, match="lists of positive integers"):
         main(["run", "--workload", str(wl)])
+
+
+def test_several_models_write_one_trace_with_a_track_per_model(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "mix.json"
+    argv = ["run", "light_squeezenet", "light_shufflenet", "--devices", "cpu:0", "--duration", "0.3",
+            "--warmup", "0", "--json", "--trace", str(trace)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["board_energy_source"] in ("modelled", None) and "replacements" in summary
+    names = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"requests light_squeezenet", "requests light_shufflenet"} <= names

@@ -193,7 +193,7 @@ def governor_statistics(hooks: list) -> dict:
     return {}
 
 
-_SINGLE_ONLY: tuple[tuple[str, object, str], ...] = (("governor", "none", "--governor"), ("trace", None, "--trace"), ("stream", False, "--stream"),
+_SINGLE_ONLY: tuple[tuple[str, object, str], ...] = (("governor", "none", "--governor"), ("stream", False, "--stream"),
                 ("check", False, "--check"), ("frame_deadline_ms", None, "--frame-deadline-ms"),
                 ("concurrency", 1, "--concurrency"))
 
@@ -203,6 +203,9 @@ def _check_multi_args(args: argparse.Namespace) -> None:
     for attr, default, flag in _SINGLE_ONLY:
         if getattr(args, attr, default) not in (default, None):
             raise SystemExit(f"hetsched run: {flag} runs one model; not with several models or --workload")
+    if getattr(args, "trace", None) is not None and getattr(args, "independent", False):
+        raise SystemExit("hetsched run: --trace with several models writes the one Runtime's trace (a track per "
+                         "model); not with --independent")
 
 
 def _check_args(args: argparse.Namespace) -> float | None:

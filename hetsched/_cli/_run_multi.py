@@ -24,8 +24,12 @@ percentiles (host wall time), ``slo_satisfaction`` (the fraction of its requests
 that finished within the SLO), ``throughput_rps``, the stage energy (``energy_per_request_j``,
 modelled on a twin) and, on simulated devices, ``modelled_ms_per_request`` (the twin's board
 time of its stages, the sharing included), and with the Runtime ``board_energy_split_j`` (the
-stage energy of all models split by each one's share of the devices' busy time); and the
-threads the serving started (``worker_threads``).
+board's energy split by each one's share of the devices' busy time) beside ``board_energy_j``
+and ``board_energy_source`` (the measured ``VDD_IN`` rail where the root has one, else the
+stages' modelled sum) and ``replacements`` (every time the runtime re-placed the models); and
+the threads the serving started (``worker_threads``). ``--trace PATH`` writes the Runtime's trace,
+a track per model; under ``--root DIR`` the runtime publishes each model's load for
+``hetsched top --root DIR``.
 """
 
 from __future__ import annotations
@@ -295,7 +299,8 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
     threads0 = threading.active_count()
     async with contextlib.AsyncExitStack() as stack:
         rt = None if args.independent else await stack.enter_async_context(
-            Runtime(devices=devices, root=args.root or "/"))
+            Runtime(devices=devices, root=args.root or "/", trace=getattr(args, "trace", None),
+                    publish_load=bool(args.root)))  # `hetsched top --root DIR` shows each model's load
         names = _names(loads)
         opened: dict[int, tuple[Any, dict[str, Any]]] = {}
         # the most urgent first: each next model is placed knowing the load of those before it
@@ -329,9 +334,12 @@ async def _serve(args: argparse.Namespace, loads: list[ModelLoad], duration: flo
                        for sv, (s, _), e0, b0 in zip(served, sessions, energy0, busy0, strict=True)],
         }
         if rt is not None:
-            split = rt.statistics().energy_split_j
+            st = rt.statistics()
+            split = st.energy_split_j
             for m, name in zip(out["models"], names, strict=True):
                 m["board_energy_split_j"] = split.get(name)
+            out.update({"board_energy_j": st.energy_j, "board_energy_source": st.energy_source,
+                        "board_energy_note": st.energy_note, "replacements": list(st.replacements)})
         return out
 
 
@@ -359,6 +367,11 @@ def _print(summary: dict[str, Any]) -> None:
     if any(v is not None for v in split.values()):
         print("energy split by busy share: " + ", ".join(f"{Path(k).name} {v:.3f} J" for k, v in split.items()
                                                          if v is not None))
+    if summary.get("board_energy_j") is not None:
+        print(f"board energy since the runtime opened: {summary['board_energy_j']:.3f} J "
+              f"({summary['board_energy_source']})")
+    for reason in summary.get("replacements", ()):
+        print(f"re-placed the models: {reason}")
 
 
 def run_multi(args: argparse.Namespace) -> int:
