@@ -29,6 +29,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import (
+    Adaptation,
     BackendUnavailableError,
     Device,
     DeviceFailedError,
@@ -352,7 +353,7 @@ async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin
 
     with anyio.fail_after(120):
         async with Session(model, devices=_devices(twin_root, "npu:0"), root=twin_root, policy=npu_where_possible,
-                           hooks=[gate], **({} if failover else {"replanning": None})) as s:
+                           hooks=[gate], **({} if failover else {"adaptation": Adaptation(replanning=None)})) as s:
             (stage,) = _rknn_stages(s)
             runs0 = stage.statistics().runs
             workers = set(_toolkit_children()) - before
