@@ -13,10 +13,24 @@ memory-bound work with the memory clock.
     async with Session(model, devices=devices) as s: ...
     devices[4]  # Device(name="npu", kind="npu", backend="sim", ...)
     twin_devices("orin-nx")                                # cluster0/4, gpu, dla:0, dla:1
+
+**Paced mode** (``paced_devices(devices, pace=K)``, i.e. ``Device.options["pace"] = K`` and
+``options["compute"] = "skip"``): for running the *real* runtime (sessions, the scheduler) in the
+twin's board time. Each stage run is held in flight on the host for its modelled time
+(roofline at the clocks it starts at, plus the device's launch ``options["launch_s"]``) times
+``K``, with the twin's contention model (``hetsched/_twin/contention.py``: the run's progress
+rate changes whenever another run starts or ends on its device, or loads DRAM), so host seconds
+/ K are board seconds. With ``"compute": "skip"`` the host's onnxruntime is **not run**: the
+outputs are zeros of the declared shapes and dtypes (**not computed**), so the host's CPU speed
+does not enter the timing; ``"compute": "run"`` runs it inside the paced window (a run whose
+host compute outlasts its paced time then takes the host's time). Pick K large enough that the
+scheduler's overhead and host noise are small against K x the stage times.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from hetsched._errors import StageExecutionError
+from hetsched._errors import CompileError, DeviceSpecError, StageExecutionError
 from hetsched._planning.costs import LAUNCH_S, STAGE_OVERHEAD_S, analytic_node_costs, roofline
 from hetsched._planning.fold import restore_control_flow_dims
 from hetsched._planning.graph import GraphIndex
@@ -41,7 +55,12 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-__all__ = ["OP_SETS", "SimBackend", "SimStage", "SimStageStatistics", "twin_devices"]
+__all__ = ["COMPUTE_MODES", "OP_SETS", "SimBackend", "SimStage", "SimStageStatistics", "paced_devices", "stage_model_size",
+           "twin_devices"]
+
+COMPUTE_MODES = ("run", "skip")
+"""``Device.options["compute"]`` of a twin device: run the stage on the host (default), or skip it
+(paced mode only: outputs are zeros of the declared shapes and dtypes, not computed)."""
 
 _FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64, TensorProto.INT32})
 
@@ -101,6 +120,112 @@ class SimStageStatistics:
     busy_time_s: float = 0.0
     """Modelled device time that was this stage's own: ``modelled_time_s`` less the waits of
     sharing the device with other runs in flight on the twin board (``hetsched/_twin/contention.py``)."""
+    pace: float | None = None
+    """The paced mode's dilation K (host seconds per board second), None when not paced."""
+    computed: bool = True
+    """False: outputs were not computed (zeros of the declared shapes: ``compute="skip"``)."""
+
+
+def _pace_of(device: Device) -> tuple[float | None, bool]:
+    """``(K or None, compute)`` of ``device``'s options, validated.
+
+    :raises DeviceSpecError: a pace that is not a finite number > 0, an unknown compute mode, or
+        ``compute="skip"`` without a pace (a twin stage that neither computes nor paces serves nothing).
+    """
+    pace = device.options.get("pace")
+    compute = device.options.get("compute", "run")
+    if pace is not None and (isinstance(pace, bool) or not isinstance(pace, (int, float))
+                             or not (0.0 < float(pace) < float("inf"))):
+        raise DeviceSpecError(f"twin device {device.name!r}: options['pace'] = {pace!r} must be a finite number > 0")
+    if compute not in COMPUTE_MODES:
+        raise DeviceSpecError(f"twin device {device.name!r}: options['compute'] = {compute!r}, expected one of "
+                              f"{COMPUTE_MODES}")
+    if compute == "skip" and pace is None:
+        raise DeviceSpecError(f"twin device {device.name!r}: options['compute'] = 'skip' needs options['pace']")
+    return (float(pace) if pace is not None else None), compute == "run"
+
+
+def paced_devices(devices: Sequence[Device], pace: float, *, compute: str = "skip") -> list[Device]:
+    """``devices`` (twin devices) in paced mode: each stage run takes K = ``pace`` x its modelled
+    board time on the host clock (with the twin's contention), its outputs zeros of the declared
+    shapes and dtypes, **not computed**, unless ``compute="run"``. See the module's docstring.
+
+    :raises DeviceSpecError: a device that is not a twin device (``backend="sim"``), or bad values.
+    """
+    out = []
+    for d in devices:
+        if d.backend != "sim":
+            raise DeviceSpecError(f"paced_devices: {d.name!r} is not a twin device (backend {d.backend!r})")
+        p = dataclasses.replace(d, options={**d.options, "pace": pace, "compute": compute})
+        _pace_of(p)
+        out.append(p)
+    return out
+
+
+class _SkippedStage:
+    """A stage that is not computed (paced mode, ``compute="skip"``): zeros of the declared outputs.
+
+    An output whose shape shape inference cannot give (a Reshape to a shape computed in the
+    graph) is learned from one real run: the stage's first run is computed on the host by
+    ``inner`` (onnxruntime), every later one is zeros of the shapes that run gave."""
+
+    def __init__(self, input_names: tuple[str, ...], specs: list[tuple[str, np.dtype[Any], tuple[int, ...] | None]],
+                 inner: CompiledStage | None = None):
+        self.input_names = input_names
+        self.output_names = tuple(n for n, _, _ in specs)
+        self._specs = [(dt, shape) for _, dt, shape in specs]
+        self._inner = inner
+        self._learn_lock = threading.Lock()
+        self.computed_runs = 0
+        """Runs computed on the host to learn a shape (0 or 1)."""
+        self.hooks = StageHooks(in_place=self)
+
+    def output_specs(self) -> Sequence[TensorSpec] | None:
+        specs = self._specs
+        if any(shape is None for _, shape in specs):
+            return None  # known after the first run: the runtime calls run()
+        return [(dt, shape) for dt, shape in specs if shape is not None]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        if any(shape is None for _, shape in self._specs):
+            with self._learn_lock:
+                if any(shape is None for _, shape in self._specs) and self._inner is not None:
+                    outs = self._inner.run(feeds)
+                    self.computed_runs += 1
+                    self._specs = [(np.dtype(o.dtype), tuple(o.shape)) for o in outs]
+                    return outs
+        return [np.zeros(shape or (), dtype) for dtype, shape in self._specs]
+
+    def run_into(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        for o in outputs:
+            o[...] = 0
+
+    def close(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+
+
+def _skipped_stage(model: onnx.ModelProto, inferred: onnx.ModelProto, name: str, device: Device,
+                   compile_inner: Callable[[], CompiledStage]) -> _SkippedStage:
+    """The not-computed stage of ``model``: its inputs, and its outputs' shapes/dtypes from ``inferred``
+    (an output inference cannot size: learned from the first run, computed by ``compile_inner()``'s stage).
+
+    :raises CompileError: an output whose dtype is not declared.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    inputs = tuple(i.name for i in model.graph.input if i.name not in inits)
+    declared = {v.name: v for v in (*inferred.graph.value_info, *inferred.graph.output)}
+    specs: list[tuple[str, np.dtype[Any], tuple[int, ...] | None]] = []
+    for out in model.graph.output:
+        tt = declared.get(out.name, out).type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+        if tt.elem_type == TensorProto.UNDEFINED:
+            raise CompileError(f"stage {name!r} on {device.name!r}: compute='skip' needs every output's dtype; "
+                               f"output {out.name!r} declares none")
+        static = tt.HasField("shape") and all(v >= 0 for v in dims)
+        specs.append((out.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims if static else None))
+    inner = compile_inner() if any(shape is None for _, _, shape in specs) else None
+    return _SkippedStage(inputs, specs, inner)
 
 
 class SimStage:
@@ -121,6 +246,8 @@ class SimStage:
         self._last = 0.0
         self._host = 0.0
         self._busy = 0.0
+        self._pace, self._computed = _pace_of(device)
+        self._launch = float(device.options.get("launch_s", 0.0)) if self._pace is not None else 0.0
         self._local = threading.local()  # per worker thread: (seconds, joules) of its last run
         root = device.options.get("root")
         self._root: str | None = str(root) if root is not None else None
@@ -160,10 +287,13 @@ class SimStage:
         (``hetsched/_twin/contention.py``: runs on the board at once share it) and count it.
         Subclasses wrapping another engine (RKNN, ncnn) run through this too."""
         t, e, t_mem = self._roofline()
+        t += self._launch  # paced: the stage call's launch is board time too (0 otherwise)
         token = self._board.begin(self.device.name, t, min(t_mem, t))
         t0 = time.perf_counter()
         try:
             out = call()
+            if self._pace is not None:  # held in flight for K x its modelled (shared) time
+                self._board.pace(token, t * self._pace)
         finally:
             shared = self._board.end(token)
         self._account(time.perf_counter() - t0, shared, e)
@@ -243,7 +373,8 @@ class SimStage:
 
     def statistics(self) -> SimStageStatistics:
         with self._lock:
-            return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host, self._busy)
+            return SimStageStatistics(self._runs, self._time, self._energy, self._last, self._host, self._busy,
+                                      self._pace, self._computed)
 
     def close(self) -> None:
         reporter, self._reporter = self._reporter, None
@@ -265,15 +396,38 @@ class SimBackend:
         return OP_SETS[device.options.get("op_set", _DEFAULT_OP_SET[device.kind])]
 
     def compile(self, model: onnx.ModelProto, device: Device, *, name: str) -> CompiledStage:
-        host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
-        inner = self._cpu.compile(model, host, name=name)
+        _, computed = _pace_of(device)
         try:
             # sized from the stage's fixed dims (extract_stage frees a control-flow stage's for onnxruntime)
             inferred = onnx.shape_inference.infer_shapes(restore_control_flow_dims(model))
-        except Exception:  # shapes only refine the cost; the stage itself already compiled
+        except Exception:  # shapes only refine the cost (and name a skipped stage's outputs)
             inferred = model
-        costs = analytic_node_costs(GraphIndex(inferred))
-        return SimStage(inner, name, device, sum(c.flops for c in costs), sum(c.bytes for c in costs))
+        host = Device(name=f"{device.name}@host", kind="cpu", backend="cpu", cpus=device.cpus)
+        inner: CompiledStage
+        if computed:
+            inner = self._cpu.compile(model, host, name=name)
+        else:  # a Reshape's shape computed in the stage: data propagation names the output's dims
+            declared = inferred  # (for the outputs' specs only: the cost below is the planner's sizing)
+            with contextlib.suppress(Exception):  # the plain inference's shapes stand
+                declared = onnx.shape_inference.infer_shapes(restore_control_flow_dims(model), data_prop=True)
+            inner = _skipped_stage(model, declared, name, device, lambda: self._cpu.compile(model, host, name=name))
+        return SimStage(inner, name, device, *stage_size(inferred))
+
+
+def stage_size(model: onnx.ModelProto) -> tuple[float, float]:
+    """``(FLOPs, bytes)`` the twin sizes a stage's run by (the sum of its nodes' analytic costs), from a
+    stage model already shape-inferred (:meth:`SimBackend.compile` infers it from the stage's fixed dims)."""
+    costs = analytic_node_costs(GraphIndex(model))
+    return sum(c.flops for c in costs), sum(c.bytes for c in costs)
+
+
+def stage_model_size(model: onnx.ModelProto) -> tuple[float, float]:
+    """``(FLOPs, bytes)`` of a stage model as :meth:`SimBackend.compile` sizes it (shape inference first)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(restore_control_flow_dims(model))
+    except Exception:  # as compile: shapes only refine the cost
+        inferred = model
+    return stage_size(inferred)
 
 
 def twin_devices(

@@ -135,3 +135,99 @@ def test_clock_from_a_board_tree(tmp_path) -> None:
     # The clock is read live: a write to the tree shows at the next call.
     (tmp_path / "sys/class/devfreq/fb000000.gpu/cur_freq").write_text("800000000\n")
     assert clock("gpu") == 800_000_000
+
+
+# ---- paced mode (the real runtime in the twin's board time): K x the modelled time, outputs not computed
+
+
+def _paced(kind: str, pace: float, compute: str = "skip", root: str | None = None):
+    from hetsched.backends.sim import paced_devices
+
+    return next(d for d in paced_devices(twin_devices("rk3588", root=root), pace, compute=compute) if d.name == kind)
+
+
+def test_a_paced_stage_takes_k_times_its_modelled_time_and_skips_the_compute() -> None:
+    import time
+
+    dev = _paced("npu", 40.0)
+    stage = get_backend("sim").compile(_conv_then_cumsum(), dev, name="paced")
+    t = stage.modelled()[0] + dev.options["launch_s"]
+    x = np.ones([1, 3, 16, 16], np.float32)
+    t0 = time.perf_counter()
+    (out,) = stage.run({"x": x})
+    host = time.perf_counter() - t0
+    assert host >= 40.0 * t * (1 - 1e-6)  # held K x its modelled board time (never less)
+    assert out.shape == (1, 2048) and out.dtype == np.float32 and not out.any()  # declared, zeros: not computed
+    st = stage.statistics()
+    assert st.pace == 40.0 and st.computed is False
+    assert st.last_modelled_s == pytest.approx(t)  # its board time: the modelled one, launch included
+    buf = np.full((1, 2048), 7.0, np.float32)
+    stage.hooks.in_place.run_into({"x": x}, [buf])  # in place: zeros written where the runtime asks
+    assert not buf.any()
+    stage.close()
+
+
+def test_two_paced_runs_on_one_device_each_take_twice_as_long(tmp_path) -> None:
+    import threading
+    import time
+
+    from hetsched.backends import NO_STAGE_HOOKS
+    from hetsched.backends.sim import SimStage
+
+    both = threading.Barrier(2)
+
+    class Inner:  # returns once both runs are in flight (each begun on the board before its call)
+        input_names, output_names, hooks = ("x",), ("y",), NO_STAGE_HOOKS
+
+        def run(self, feeds):
+            both.wait(10)
+            return [feeds["x"]]
+
+        def close(self) -> None:
+            pass
+
+    dev = _paced("npu", 20.0, compute="run", root=str(tmp_path))
+    stages = [SimStage(Inner(), f"s{i}", dev, 3e9, 1e6) for i in range(2)]
+    t = stages[0].modelled()[0] + dev.options["launch_s"]
+    took: list[float] = []
+
+    def go(s) -> None:
+        t0 = time.perf_counter()
+        s.run({"x": np.zeros(4, np.float32)})
+        took.append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in stages]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(took) == 2 and min(took) >= 2 * 20.0 * t * (1 - 0.02)  # each at half rate: 2 x K x t
+    for s in stages:
+        assert s.statistics().last_modelled_s == pytest.approx(2 * t, rel=0.05)  # its board time doubled
+        assert s.statistics().busy_time_s == pytest.approx(t, rel=1e-6)  # its own device time is its own
+
+
+def test_paced_options_are_checked() -> None:
+    from hetsched import DeviceSpecError
+    from hetsched.backends.sim import paced_devices
+
+    devs = twin_devices("rk3588")
+    with pytest.raises(DeviceSpecError, match="pace"):
+        paced_devices(devs, -1.0)
+    with pytest.raises(DeviceSpecError, match="compute"):
+        paced_devices(devs, 4.0, compute="maybe")
+    from hetsched import Device
+
+    with pytest.raises(DeviceSpecError, match="not a twin device"):
+        paced_devices([Device("cpu:0")], 4.0)
+    skip_only = Device("npu", kind="npu", backend="sim", options={**devs[-1].options, "compute": "skip"})
+    with pytest.raises(DeviceSpecError, match="needs options\\['pace'\\]"):
+        get_backend("sim").compile(_conv_then_cumsum(), skip_only, name="x")
+
+
+async def test_a_session_on_paced_devices_serves_declared_shapes() -> None:
+    from hetsched.backends.sim import paced_devices
+
+    async with Session(_conv_then_cumsum(), devices=paced_devices(twin_devices("rk3588"), 2.0)) as s:
+        (out,) = (await s.run({"x": np.ones([1, 3, 16, 16], np.float32)})).values()
+    assert out.shape == (1, 2048) and out.dtype == np.float32 and not out.any()

@@ -219,3 +219,94 @@ def test_the_live_twin_is_told_the_sum_of_the_busy_times_not_the_latencies(tmp_p
     assert busy["npu"] == pytest.approx(2 * alone)
     assert a.statistics().modelled_time_s + b.statistics().modelled_time_s == pytest.approx(4 * alone)
     channel.remove()
+
+
+# ---- pacing (the sim backend's paced mode): a run held in flight for K x its modelled time
+
+
+class _PacingClock:
+    """A virtual clock the board's pacing wait advances (no host sleep): each wait moves it by the
+    time the waiter asked for, or less when the test's ``cap`` cuts it (another run starts meanwhile)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+        self.on_wait: list[Any] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, cond: threading.Condition, seconds: float) -> None:
+        self.waits.append(seconds)
+        if self.on_wait:
+            step, action = self.on_wait.pop(0)
+            self.now += min(step, seconds)
+            cond.release()  # as cond.wait does: another thread's begin/end gets the board meanwhile
+            try:
+                action()
+            finally:
+                cond.acquire()
+        else:
+            self.now += seconds
+
+
+def test_a_paced_run_takes_k_times_its_modelled_time() -> None:
+    clock = _PacingClock()
+    board = BoardContention(clock, clock.wait)
+    token = board.begin("npu", 0.010, 0.004)
+    board.pace(token, 0.010 * 7)  # K = 7
+    assert clock.now == pytest.approx(0.070)
+    run = board.end(token)
+    assert run.latency_s == pytest.approx(0.010)  # its modelled (board) time is unchanged
+
+
+def test_two_paced_runs_on_one_device_each_take_twice_as_long() -> None:
+    clock = _PacingClock()
+    board = BoardContention(clock, clock.wait)
+    a = board.begin("npu", 0.010)
+    b = board.begin("npu", 0.010)
+    board.pace(a, 0.010 * 5)  # K = 5: half rate while b is in flight -> 2 x 5 x 10 ms
+    assert clock.now == pytest.approx(0.100)
+    board.pace(b, 0.010 * 5)  # b progressed as much: nothing left to wait
+    assert clock.now == pytest.approx(0.100)
+    assert board.end(a).latency_s == pytest.approx(0.020) == board.end(b).latency_s
+
+
+def test_a_paced_run_recomputes_its_end_when_another_starts() -> None:
+    clock = _PacingClock()
+    board = BoardContention(clock, clock.wait)
+    a = board.begin("npu", 0.010)
+    later: list[Any] = []
+    # a waits for its whole 40 ms (K = 4); 20 ms in, b starts on the same device (the wait is woken early)
+    clock.on_wait.append((0.020, lambda: later.append(board.begin("npu", 1.0))))
+    board.pace(a, 0.040)
+    # 20 ms alone (half of a's work), the other half at half rate: 40 ms more
+    assert clock.now == pytest.approx(0.060)
+    assert clock.waits[0] == pytest.approx(0.040) and clock.waits[1] == pytest.approx(0.040)
+    board.end(later[0])
+
+
+def test_memory_bound_paced_runs_on_two_devices_stretch() -> None:
+    clock = _PacingClock()
+    board = BoardContention(clock, clock.wait)
+    npu = board.begin("npu", 0.010, 0.010)
+    gpu = board.begin("gpu", 0.010, 0.010)  # both want all of DRAM: each at half rate
+    board.pace(npu, 0.010 * 3)
+    assert clock.now == pytest.approx(0.060)
+    board.end(npu)
+    board.end(gpu)
+
+
+def test_pacing_misuse_is_a_twin_error() -> None:
+    clock = _PacingClock()
+    board = BoardContention(clock, clock.wait)
+    token = board.begin("npu", 0.010)
+    with pytest.raises(TwinError, match="work_s"):
+        board.pace(token, -1.0)
+    board.end(token)
+    with pytest.raises(TwinError, match="not in flight"):
+        board.pace(token, 0.01)
+    kept = shared_board("soc:test-pace", wait=clock.wait)
+    with pytest.raises(TwinError, match="already exists"):
+        shared_board("soc:test-pace", wait=clock.wait)  # a board keeps the wait it was made with
+    assert shared_board("soc:test-pace") is kept

@@ -39,6 +39,14 @@ Boards are keyed (:func:`shared_board`) by the twin root a device belongs to, el
 profile's name: two sessions of one process on ``twin_devices("rk3588")`` share one board.
 Sessions in different processes on one root are not seen by each other here (the live twin
 still sums their busy reports, so its loads, clocks, temperatures and energy follow the sum).
+
+**Pacing** (:meth:`BoardContention.pace`, the sim backend's paced mode): a caller may hold its
+run in flight until the run's modelled progress is done, so that it takes its modelled time
+*on the host clock*, dilated by a factor ``K``: a run progresses at ``1 / (n x m)`` lone seconds
+per clock second (``n`` runs on its device, ``m`` its DRAM stretch, both as above, changing
+whenever another run starts or ends); it ends when its progress reaches ``K x`` its lone time.
+The waiter sleeps until its end computed from the rates now and recomputes it at every change
+of the set in flight (a condition variable, no polling).
 """
 
 from __future__ import annotations
@@ -91,6 +99,8 @@ class RunToken:
     last: float = 0.0
     share_integral: float = 0.0
     stretch_integral: float = 0.0
+    progress: float = 0.0
+    """Clock seconds of lone-rate work done: the integral of ``1 / (share x stretch)``."""
     open: bool = True
 
 
@@ -113,11 +123,17 @@ class BoardContention:
     """The runs in flight on one twin board and the sharing between them. Thread-safe.
 
     :param clock: seconds on the clock the runs are timed on (default ``time.monotonic``).
+    :param wait: how :meth:`pace` waits: ``wait(condition, seconds)`` with the condition held
+        (default ``condition.wait(seconds)``, which sleeps on the host clock: inject one that
+        advances ``clock`` in tests with a virtual clock).
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None,
+                 wait: Callable[[threading.Condition, float], object] | None = None) -> None:
         self._clock = clock or time.monotonic
+        self._wait = wait or (lambda cond, seconds: cond.wait(seconds))
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._active: list[RunToken] = []
         self._runs = 0
         self._shared = 0
@@ -141,9 +157,36 @@ class BoardContention:
         for r in self._active:
             dt = now - r.last
             if dt > 0:
+                stretch = 1.0 + r.demand * excess
                 r.share_integral += dt * per_device[r.device]
-                r.stretch_integral += dt * (1.0 + r.demand * excess)
+                r.stretch_integral += dt * stretch
+                r.progress += dt / (per_device[r.device] * stretch)
                 r.last = now
+
+    def _rate(self, token: RunToken) -> float:
+        """``token``'s progress rate now: lone seconds per clock second."""
+        per_device, demand = self._factors()
+        return 1.0 / (per_device[token.device] * (1.0 + token.demand * max(0.0, demand - 1.0)))
+
+    def pace(self, token: RunToken, work_s: float) -> None:
+        """Block the calling thread until ``token``'s modelled progress reaches ``work_s`` clock
+        seconds of lone-rate work (``K x`` its lone time for a run dilated ``K`` times), the
+        others' runs starting and ending on the board meanwhile changing its rate.
+
+        :raises TwinError: ``token`` is not in flight on this board, or ``work_s`` is not a finite
+            number >= 0.
+        """
+        if isinstance(work_s, bool) or not isinstance(work_s, (int, float)) or not (0.0 <= work_s < math.inf):
+            raise TwinError(f"contention: work_s = {work_s!r} must be a finite number of seconds >= 0")
+        with self._changed:
+            while True:
+                if not token.open or not any(r is token for r in self._active):
+                    raise TwinError("contention: pacing a run that is not in flight on this board")
+                self._advance(self._clock())
+                left = work_s - token.progress
+                if left <= 1e-12 * max(1.0, work_s):
+                    return
+                self._wait(self._changed, left / self._rate(token))
 
     def begin(self, device: str, alone_s: float, memory_s: float = 0.0) -> RunToken:
         """A run of lone time ``alone_s`` (of which ``memory_s`` memory time) starts on ``device``.
@@ -161,6 +204,7 @@ class BoardContention:
             self._advance(now)
             token = RunToken(device, float(alone_s), float(memory_s), min(1.0, demand), now, now)
             self._active.append(token)
+            self._changed.notify_all()  # the others' rates changed: paced waiters recompute their ends
             return token
 
     def end(self, token: RunToken) -> SharedRun:
@@ -182,6 +226,7 @@ class BoardContention:
                 stretch = 1.0 + token.demand * max(0.0, demand - 1.0)
             token.open = False
             self._active = [r for r in self._active if r is not token]
+            self._changed.notify_all()
             busy = token.alone_s * stretch
             run = SharedRun(token.alone_s, busy * share, busy, token.memory_s * stretch, share, stretch)
             self._runs += 1
@@ -202,18 +247,19 @@ _BOARDS: weakref.WeakValueDictionary[str, BoardContention] = weakref.WeakValueDi
 _BOARDS_LOCK = threading.Lock()
 
 
-def shared_board(key: str, *, clock: Callable[[], float] | None = None) -> BoardContention:
+def shared_board(key: str, *, clock: Callable[[], float] | None = None,
+                 wait: Callable[[threading.Condition, float], object] | None = None) -> BoardContention:
     """The process's :class:`BoardContention` of the board ``key`` (a twin root, or ``"soc:<name>"``).
 
-    ``clock``: the clock of a board made now (tests inject one before the first stage of that
-    board exists).
+    ``clock``, ``wait``: the clock (and pacing wait) of a board made now (tests inject them before
+    the first stage of that board exists).
 
     :raises TwinError: ``clock`` given for a board that already exists (it keeps its clock).
     """
     with _BOARDS_LOCK:
         board = _BOARDS.get(key)
         if board is None:
-            board = _BOARDS[key] = BoardContention(clock)
-        elif clock is not None:
+            board = _BOARDS[key] = BoardContention(clock, wait)
+        elif clock is not None or wait is not None:
             raise TwinError(f"contention: the board {key!r} already exists with its own clock")
         return board
