@@ -63,10 +63,19 @@ __all__ = ["GovernorEngine", "GovernorStatistics", "PhaseStatistics"]
 
 log = logging.getLogger("hetsched.governor")
 
-def _samples_integrated_by_telemetry(port: ClockPort) -> bool:
-    from ._sysfs import SysfsPort
+def _profiled_models(profile: GovernorProfile | None, board: BoardId) -> dict[Phase, PhaseModel]:
+    """The phase models ``profile`` brings (none without one).
 
-    return isinstance(port, SysfsPort)
+    :raises ProfileError: ``profile`` was made on another board (other domains).
+    """
+    if profile is None:
+        return {}
+    if profile.board.domains and dict(profile.board.domains) != dict(board.domains):
+        raise ProfileError(
+            f"governor profile for workload {profile.workload!r} was made on another board "
+            f"(domains {sorted(profile.board.domains)} vs {sorted(board.domains)})"
+        )
+    return dict(profile.phases)
 
 
 class GovernorEngine:
@@ -99,25 +108,18 @@ class GovernorEngine:
         self.ungoverned = False
         self.dwell_s = dwell_s
         """Phases shorter than this switch no domain (see the module docstring); None: off."""
-        self._models: dict[Phase, PhaseModel] = {}
-        if profile is not None:
-            if profile.board.domains and dict(profile.board.domains) != dict(self.board.domains):
-                raise ProfileError(
-                    f"governor profile for workload {profile.workload!r} was made on another board "
-                    f"(domains {sorted(profile.board.domains)} vs {sorted(self.board.domains)})"
-                )
-            self._models.update(profile.phases)
+        self._models: dict[Phase, PhaseModel] = _profiled_models(profile, self.board)
         self._successor: dict[Phase, Phase] = {}
         self._book = PhaseLedger()
         self._tuning = PhaseTuning(self._models, self._book, tuner_factory=tuner_factory or axis_tuner,
                                    config=self.config.tuner)
         # A sysfs board's rail energy is the telemetry's trapezoid of the samples taken here,
         # at phase boundaries; a simulation's (or another port's) counter is its own.
-        self._meter = PowerMeter(counters=not _samples_integrated_by_telemetry(port))
+        self._meter = PowerMeter(counters=not port.integrates_samples_by_telemetry)
         self._guard = ThermalGuard(self.config)
         self._clocks = ClockWriter(port, self.domains, self.config)
         self._saved: Any = None
-        self._published = Publisher.for_port(port)
+        self._published = Publisher(port.state_dir, soc=port.soc)
         self._started = False
         self._restored = False
         # phase in progress
