@@ -13,7 +13,9 @@ an embedded one; the input shapes fixed here):
   ``--background`` (independent sessions have one worker per session and device, so more
   sessions share a device more ways; a closed loop's extra clients would only queue in its own).
 
-Each model is planned on the twin's devices by hetsched's planner (``build_plan``): alone for
+Each model is planned on the twin's devices hetsched uses by default (on the RK3588 without its Mali,
+as hetsched's defaults leave it out without ncnn on a hardware Vulkan driver; ``--with-mali`` adds it)
+by hetsched's planner (``build_plan``): alone for
 the first two modes (as independent sessions place today), jointly for the third (the
 detector first with its SLO, then each next model with the earlier ones' reservations: their
 busy share of each device at their offered rate, ``hetsched.policies.Reservation``). Serving
@@ -57,22 +59,32 @@ import onnx
 from _labels import MODELLED, labelled, twin
 
 from hetsched import Device, Priority, Runtime, Session, load_model
-from hetsched.backends.sim import twin_devices
-from hetsched.lowlevel import GraphIndex, build_plan
+from hetsched.backends.sim import stage_model_size, twin_devices
+from hetsched.lowlevel import GraphIndex, build_plan, extract_stage
 from hetsched.policies import Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _board_replay import Mode, ModelPlan, Replay, ReplayResult, StagePlan, Stream
+from _paced_serving import PacedResult, serve
+
+PACED = ("independent_sessions", "runtime_fifo", "runtime_scheduled")
+"""The modes the real code serves on the paced twin (the replay's labels they are compared with)."""
 
 SLO_S = 0.033
 MODES = (("independent_sessions", Mode.INDEPENDENT, "alone", False),
          ("runtime_fifo", Mode.RUNTIME_FIFO, "alone", False),
-         ("runtime_scheduled_alone_placement", Mode.RUNTIME_SCHEDULED, "alone", False),
-         ("runtime_scheduled", Mode.RUNTIME_SCHEDULED, "joint", False),
-         ("what_if_fair_tags_per_class", Mode.RUNTIME_SCHEDULED, "joint", True))
-"""(label, serving discipline, placement, fair tags per class): the third isolates the scheduler from joint
-placement; the last is a what-if, not the scheduler's code: its fair tags counting only the sessions of
-the request's own class (the change suggested to its owner)."""
+         ("runtime_scheduled_alone_placement", Mode.RUNTIME_SCHEDULED, "alone", True),
+         ("runtime_scheduled", Mode.RUNTIME_SCHEDULED, "joint", True),
+         ("runtime_scheduled_fair_all_classes", Mode.RUNTIME_SCHEDULED, "joint", False))
+"""(label, serving discipline, placement, fair tags among one class's sessions only): the third isolates the
+scheduler from joint placement; the last is the scheduler before c4963ae, whose fair shares counted the
+sessions of every class (kept to show what that cost the NORMAL classifier)."""
+
+
+def board_devices(soc: str, with_mali: bool) -> list[Device]:
+    """The twin's devices hetsched uses on the board by default: the RK3588's Mali only when asked
+    (``--with-mali``), as hetsched's own defaults leave it out without ncnn on a hardware Vulkan driver."""
+    return [d for d in twin_devices(soc) if with_mali or not (soc == "rk3588" and d.kind == "gpu")]
 TARGETS = {"slo_satisfaction_high": ">= 0.99 where independent sessions fall below it",
            "background_throughput_ratio": ">= 1.3 at that load", "worker_threads": "independent of the sessions",
            "board_energy_per_request_j": "no higher than independent sessions'"}
@@ -121,18 +133,21 @@ def model_of(stream: str) -> str:
     return "background" if stream.startswith("background") else stream
 
 
-def model_plan(plan: Any, devices: Sequence[Device]) -> ModelPlan:
+def model_plan(plan: Any, devices: Sequence[Device], index: GraphIndex) -> ModelPlan:
     """The twin's figures of each stage of ``plan`` at the top clocks (the twin's devices' defaults):
-    lone seconds (the roofline, ``max(FLOPs / peak, bytes / DRAM bandwidth)``, as
-    ``hetsched.backends.sim.SimStage`` models a run, plus the launch of the stage call the twin's
-    device carries, ``options["launch_s"]``), memory seconds, joules (the domain's full power x
-    compute seconds, as the twin's stage counts them)."""
+    lone seconds (the roofline, ``max(FLOPs / peak, bytes / DRAM bandwidth)``, of the FLOPs and bytes
+    the twin's stage sizes its runs by (``hetsched.backends.sim.stage_model_size`` of the extracted
+    stage: what ``SimStage`` models a run with; the plan's own ``stage_bytes`` can differ: 426 vs 528 MB
+    for ResNet-50), plus the launch of the stage call the twin's device carries,
+    ``options["launch_s"]``, as the paced twin holds a run), memory seconds, joules (the domain's full
+    power x compute seconds, as the twin's stage counts them)."""
     by_name = {d.name: d for d in devices}
     out = []
     for s in plan.stages:
         dev = by_name[s.device]
-        t_c = plan.stage_flops[s.id] / dev.peak_flops
-        t_m = plan.stage_bytes[s.id] / dev.mem_bandwidth
+        flops, nbytes = stage_model_size(extract_stage(index, s))
+        t_c = flops / dev.peak_flops
+        t_m = nbytes / dev.mem_bandwidth
         domain = dev.options["profile_domain"]
         energy = domain.full_power_w(domain.max_hz) * t_c
         out.append(StagePlan(s.device, max(t_c, t_m) + float(dev.options["launch_s"]), t_m, energy, tuple(s.deps)))
@@ -146,10 +161,11 @@ def reservation(name: str, plan: ModelPlan, stream: Stream, rate_hz: float) -> R
     return Reservation(name, share, priority=stream.priority, slo_s=stream.slo_s)
 
 
-def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Stream]) -> dict[str, dict[str, Any]]:
-    devices = twin_devices(soc)
+def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Stream],
+              with_mali: bool = False) -> dict[str, Any]:
+    devices = board_devices(soc, with_mali)
     indexes = {n: GraphIndex(m) for n, m in nets.items()}
-    alone_by_model = {n: model_plan(build_plan(indexes[n], devices), devices) for n in nets}
+    alone_by_model = {n: model_plan(build_plan(indexes[n], devices), devices, indexes[n]) for n in nets}
     alone = {s.name: alone_by_model[model_of(s.name)] for s in mix}
     joint: dict[str, ModelPlan] = {}
     reserved: list[Reservation] = []
@@ -158,8 +174,8 @@ def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Strea
         if s.fed_by is not None:
             rates[s.name] = rates[s.fed_by] * s.per_result
         plan = build_plan(indexes[model_of(s.name)], devices, reservations=tuple(reserved), priority=s.priority,
-                          slo_s=s.slo_s)
-        joint[s.name] = model_plan(plan, devices)
+                          slo_s=s.slo_s, rate_hz=rates[s.name] or None)
+        joint[s.name] = model_plan(plan, devices, indexes[model_of(s.name)])
         if not s.clients:  # a closed loop takes what is left: it reserves nothing ahead of others
             reserved.append(reservation(s.name, joint[s.name], s, rates[s.name]))
     return {"devices": [d.name for d in devices], "alone": alone, "joint": joint}
@@ -209,6 +225,70 @@ def summarise(r: ReplayResult, mix: Sequence[Stream]) -> dict[str, Any]:
     }
 
 
+def summarise_paced(r: PacedResult, mix: Sequence[Stream]) -> dict[str, Any]:
+    """The replay's fields for a run of the real code on the paced twin (board seconds = host / K)."""
+    per_model: dict[str, Any] = {}
+    joules: dict[str, float] = {}
+    done: dict[str, int] = {}
+    for s in mix:
+        x = r.streams[s.name]
+        m = model_of(s.name)
+        joules[m] = joules.get(m, 0.0) + x.energy_j
+        done[m] = done.get(m, 0) + x.completed_all
+        per_model[s.name] = {
+            "requests": x.requests, "completed": len(x.latencies_s),
+            "throughput_per_s": round(len(x.latencies_s) / r.seconds, 2),
+            "p50_ms": pct(x.latencies_s, 50), "p95_ms": pct(x.latencies_s, 95), "p99_ms": pct(x.latencies_s, 99),
+            "slo_satisfaction": round(x.slo_met / x.slo_requests, 4) if s.slo_s and x.slo_requests else None,
+            "energy_per_request_j": round(x.energy_j / x.completed_all, 5) if x.completed_all else None,
+        }
+    high = [s.name for s in mix if s.priority <= Priority.HIGH]
+    background = sum(len(r.streams[s.name].latencies_s) for s in mix if s.priority == Priority.BACKGROUND)
+    return {
+        "slo_satisfaction_high": per_model[high[0]]["slo_satisfaction"] if high else None,
+        "background_throughput": round(background / r.seconds, 2),
+        "energy_per_request_j": {m: round(joules[m] / done[m], 5) if done[m] else None for m in joules},
+        "board_energy_per_request_j": (round(sum(joules.values()) / sum(done.values()), 5)
+                                       if sum(done.values()) else None),
+        "worker_threads_measured": r.worker_threads,
+        "frame_start_lag_ms": round(r.host_overrun_s * 1e3, 2),
+        "placement": dict(r.placement),
+        "models": per_model,
+    }
+
+
+def _rel(a: float | None, b: float | None) -> float | None:
+    """``a / b - 1`` rounded (None where either is missing or b is 0)."""
+    return round(a / b - 1.0, 4) if a is not None and b else None
+
+
+def paced_row(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Stream], row: dict[str, Any],
+              args: argparse.Namespace) -> dict[str, Any]:
+    """The three modes served by the real code on the paced twin (``--repeat`` runs each), beside the replay."""
+    feeds = {n: feeds_for(m) for n, m in nets.items()}
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.repeat):
+        one: dict[str, Any] = {}
+        for label in PACED:
+            r = anyio.run(lambda label=label: serve(Mode(label), nets, feeds, board_devices(soc, args.with_mali), mix,
+                                                    pace=args.pace, seconds=args.paced_seconds))
+            one[label] = summarise_paced(r, mix)
+        ind, sch = one["independent_sessions"], one["runtime_scheduled"]
+        one["background_throughput_ratio"] = (round(sch["background_throughput"] / ind["background_throughput"], 3)
+                                              if ind["background_throughput"] else None)
+        one["board_energy_per_request_ratio"] = (
+            round(sch["board_energy_per_request_j"] / ind["board_energy_per_request_j"], 3)
+            if ind["board_energy_per_request_j"] else None)
+        runs.append(one)
+    out = runs[0]
+    keys = ("slo_satisfaction_high", "background_throughput", "board_energy_per_request_j")
+    if len(runs) > 1:  # stability: the largest relative gap between two runs of the same case
+        out["repeat_gap"] = {label: {k: _rel(runs[1][label][k], runs[0][label][k]) for k in keys} for label in PACED}
+        out["repeats"] = [{label: {k: r[label][k] for k in keys} for label in PACED} for r in runs[1:]]
+    out["vs_replay"] = {label: {k: _rel(out[label][k], row[label][k]) for k in keys} for label in PACED}
+    return out
+
+
 def placement(plan: ModelPlan) -> list[str]:
     return [f"{st.device}:{st.alone_s * 1e3:.2f}ms" for st in plan.stages]
 
@@ -217,11 +297,13 @@ def board_case(soc: str, nets: Mapping[str, onnx.ModelProto], args: argparse.Nam
     loads = []
     for n in args.background:
         mix = streams(n, args.per_result, args.fps)
-        plans = plans_for(soc, nets, mix)
+        plans = plans_for(soc, nets, mix, args.with_mali)
         row: dict[str, Any] = {"background_sessions": n}
         for label, mode, which, per_class in MODES:
             result = Replay(mode, mix, plans[which], plans["devices"], fair_per_class=per_class).run(args.seconds)
             row[label] = summarise(result, mix)
+        if args.pace:
+            row["paced"] = paced_row(soc, nets, mix, row, args)
         ind, sch = row[Mode.INDEPENDENT.value], row[Mode.RUNTIME_SCHEDULED.value]
         row["background_throughput_ratio"] = (round(sch["background_throughput"] / ind["background_throughput"], 3)
                                               if ind["background_throughput"] else None)
@@ -233,7 +315,26 @@ def board_case(soc: str, nets: Mapping[str, onnx.ModelProto], args: argparse.Nam
     at = below[0] if below else loads[-1]
     sch = at[Mode.RUNTIME_SCHEDULED.value]
     labels = [m[0] for m in MODES]
+    paced: dict[str, Any] | None = None
+    if args.pace:  # the real code's figures, at the load where its independent sessions fall below 0.99
+        p_below = [r for r in loads if (r["paced"]["independent_sessions"]["slo_satisfaction_high"] or 0) < 0.99]
+        p_at = p_below[0] if p_below else loads[-1]
+        pr = p_at["paced"]
+        paced = {
+            "serving": "runtime code, paced twin", "pace": args.pace, "seconds": args.paced_seconds,
+            "background_sessions": p_at["background_sessions"], "independent_below_0.99": bool(p_below),
+            "slo_satisfaction_high": {m: pr[m]["slo_satisfaction_high"] for m in PACED},
+            "background_throughput": {m: pr[m]["background_throughput"] for m in PACED},
+            "background_throughput_ratio": pr["background_throughput_ratio"],
+            "board_energy_per_request_j": {m: pr[m]["board_energy_per_request_j"] for m in PACED},
+            "worker_threads_measured": {m: pr[m]["worker_threads_measured"] for m in PACED},
+            "vs_replay": pr["vs_replay"], **({"repeat_gap": pr["repeat_gap"]} if "repeat_gap" in pr else {}),
+            "met": {"slo_satisfaction_high": (pr["runtime_scheduled"]["slo_satisfaction_high"] or 0) >= 0.99,
+                    "background_throughput_ratio": (pr["background_throughput_ratio"] or 0) >= 1.3,
+                    "board_energy_per_request": (pr["board_energy_per_request_ratio"] or 9) <= 1.0},
+        }
     return {
+        **({"at_load_paced": paced} if paced is not None else {}),
         "placement": {which: {n: placement(p) for n, p in plans[which].items() if n in ("detector", "classifier",
                                                                                         "background")}
                       for which in ("alone", "joint")},
@@ -253,29 +354,30 @@ def board_case(soc: str, nets: Mapping[str, onnx.ModelProto], args: argparse.Nam
     }
 
 
-async def _open_all(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+async def _open_all(nets: Mapping[str, onnx.ModelProto], soc: str, with_mali: bool) -> list[int]:
     """Threads of the process after opening each model as an independent Session (and one request each)."""
     counts = [threading.active_count()]
-    async with Session(nets["detector"], devices=twin_devices(soc)) as a:
+    async with Session(nets["detector"], devices=board_devices(soc, with_mali)) as a:
         await a.run(feeds_for(nets["detector"]))
         counts.append(threading.active_count())
-        async with Session(nets["classifier"], devices=twin_devices(soc)) as b:
+        async with Session(nets["classifier"], devices=board_devices(soc, with_mali)) as b:
             await b.run(feeds_for(nets["classifier"]))
             counts.append(threading.active_count())
-            async with Session(nets["background"], devices=twin_devices(soc)) as c:
+            async with Session(nets["background"], devices=board_devices(soc, with_mali)) as c:
                 await c.run(feeds_for(nets["background"]))
                 counts.append(threading.active_count())
     return counts
 
 
-def worker_threads(nets: Mapping[str, onnx.ModelProto], soc: str) -> dict[str, Any]:
-    return {"independent_sessions": anyio.run(_open_all, nets, soc), "runtime": anyio.run(_open_runtime, nets, soc)}
+def worker_threads(nets: Mapping[str, onnx.ModelProto], soc: str, with_mali: bool) -> dict[str, Any]:
+    return {"independent_sessions": anyio.run(_open_all, nets, soc, with_mali),
+            "runtime": anyio.run(_open_runtime, nets, soc, with_mali)}
 
 
-async def _open_runtime(nets: Mapping[str, onnx.ModelProto], soc: str) -> list[int]:
+async def _open_runtime(nets: Mapping[str, onnx.ModelProto], soc: str, with_mali: bool) -> list[int]:
     """Threads of the process after opening one Runtime and attaching each model to it."""
     counts = [threading.active_count()]
-    async with Runtime(devices=twin_devices(soc)) as rt:
+    async with Runtime(devices=board_devices(soc, with_mali)) as rt:
         sessions = []
         try:
             for name in ("detector", "classifier", "background"):
@@ -299,17 +401,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-result", type=int, default=3, help="classifier requests per detector result")
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--no-threads", action="store_true", help="skip opening real sessions to count threads")
+    ap.add_argument("--pace", type=float, default=8.0,
+                    help="also serve each case with the real Session/Runtime code on the twin paced K times slower "
+                         "than board time (0: replay only)")
+    ap.add_argument("--paced-seconds", type=float, default=3.0, help="board seconds per paced run")
+    ap.add_argument("--repeat", type=int, default=1, help="paced runs per case (2: report their gap)")
+    ap.add_argument("--with-mali", action="store_true",
+                    help="give the RK3588 twin's Mali GPU to the planner (hetsched's defaults leave it out)")
     args = ap.parse_args(argv)
     nets = models()
     result: dict[str, Any] = {"targets": TARGETS,
-                              "serving": "board-time replay of the three serving disciplines "
-                                         "(benchmarks/_board_replay.py), not a run of the Runtime's code",
+                              "serving": {"replay": "board-time replay of the three serving disciplines "
+                                                    "(benchmarks/_board_replay.py), not a run of the Runtime's code",
+                                          "paced": ("runtime code, paced twin: the real Session/Runtime/scheduler "
+                                                    f"on twin devices paced {args.pace:g}x board time, outputs not "
+                                                    "computed (zeros), latencies = host seconds / K"
+                                                    if args.pace else None)},
                               "mix": [dataclasses.asdict(s) for s in streams(1, args.per_result, args.fps)],
                               "seconds": args.seconds, "boards": {}}
     for soc in args.boards:
         case = board_case(soc, nets, args)
         if not args.no_threads:
-            case["worker_threads"] = worker_threads(nets, soc)
+            case["worker_threads"] = worker_threads(nets, soc, args.with_mali)
         result["boards"][soc] = case
         print(json.dumps({soc: case["at_load"]}), file=sys.stderr)
     figures = MODELLED + "; worker_threads measured on this host (threading.active_count)"
