@@ -23,7 +23,16 @@ is replayed in the twin's *board* time (``benchmarks/_board_replay.py``: each st
 lone time, memory time and energy from the twin, the twin's contention model for runs in
 flight at once), so the figures do not depend on this host's speed. The replay models the
 three serving disciplines; it is not a run of the Runtime's code (``"serving"`` in the JSON
-says which). ``worker_threads`` is *measured*: the process's threads after opening the three
+says which). **The same mix is also served by the real code** (``--pace K``, default 8; 0: replay
+only): ``Session`` s, one ``hetsched.Runtime`` with FIFO queues (``Scheduling(priorities=False)``) and
+one with hetsched's scheduler, on the twin's devices in the sim backend's paced mode
+(``benchmarks/_paced_serving.py``: each stage run held K x its modelled board time with the
+contention model's sharing, outputs **not computed**; the runtime reads the host clock / K, so
+SLOs, aging and estimates are in board seconds), ``--paced-seconds`` board seconds per run, each
+load's ``"paced"`` block beside the replay (``"vs_replay"``: relative gaps; ``--repeat 2``:
+``"repeat_gap"`` between two runs), and ``"at_load_paced"`` (the real code's targets). The
+runtime places each attached session itself (its joint placement, from the load measured at
+attach), which may differ from the replay's plans: ``"placement"`` says where it put them. ``worker_threads`` is *measured*: the process's threads after opening the three
 models one by one as independent ``Session`` s on the twin's devices, and attached to one
 ``hetsched.Runtime``.
 

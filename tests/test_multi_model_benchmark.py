@@ -51,7 +51,8 @@ def test_memory_bound_runs_on_two_devices_share_dram() -> None:
 
 def test_a_small_run_ends_with_its_json_line() -> None:
     out = subprocess.run([sys.executable, str(BENCH / "multi_model.py"), "--boards", "orin-nx", "--seconds", "2",
-                          "--background", "1", "8", "--no-threads"], capture_output=True, text=True, timeout=600,
+                          "--background", "1", "8", "--no-threads", "--pace", "2", "--paced-seconds", "0.5"],
+                         capture_output=True, text=True, timeout=600,
                          check=True).stdout.strip().splitlines()[-1]
     result = json.loads(out)
     assert result["board"] == "twin:orin-nx" and result["figures"].startswith("modelled")
@@ -63,3 +64,16 @@ def test_a_small_run_ends_with_its_json_line() -> None:
             assert set(row[mode]["energy_per_request_j"]) == {"detector", "classifier", "background"}
         assert row["background_throughput_ratio"] is not None
     assert {"slo_satisfaction_high", "background_throughput_ratio", "met"} <= set(case["at_load"])
+    # the same mix served by the real Session/Runtime code on the paced twin, beside the replay
+    assert result["serving"]["paced"].startswith("runtime code, paced twin") and "not computed" in result["serving"]["paced"]
+    paced = case["at_load_paced"]
+    assert paced["serving"] == "runtime code, paced twin" and paced["pace"] == 2.0
+    for row in case["loads"]:
+        for mode in ("independent_sessions", "runtime_fifo", "runtime_scheduled"):
+            got = row["paced"][mode]
+            assert got["models"]["detector"]["requests"] > 0 and got["background_throughput"] > 0
+            assert set(row["paced"]["vs_replay"][mode]) == {"slo_satisfaction_high", "background_throughput",
+                                                            "board_energy_per_request_j"}
+        # one set of device workers for the runtime, one per session for independent sessions
+        assert (row["paced"]["runtime_scheduled"]["worker_threads_measured"]
+                < row["paced"]["independent_sessions"]["worker_threads_measured"])
