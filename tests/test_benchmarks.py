@@ -45,6 +45,8 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
     "failover_probe.py": (["--replan-requests", "800", "--context-requests", "400", "--kills", "4"],
                           {"requests", "completed", "failed_promised_retry", "lost", "wrong", "scenarios"}),
     "startup.py": (["--runs", "1"], {"import_ratio", "info_cpu_s", "meets_target"}),
+    "multi_model.py": (["--boards", "orin-nx", "--seconds", "2", "--background", "1", "8", "--no-threads"],
+                       {"boards", "serving", "targets", "mix"}),
     "real_models.py": (["--models", "ppocr_cls", "--targets", "host", "orin-nx"],
                        {"runs_all", "stages", "min_cosine", "estimate_vs_modelled_range", "rows"}),
     "ncnn_gpu.py": (["--models", "squeezenet", "--inputs", "1"],
