@@ -395,7 +395,7 @@ class NcnnBackend:
                 return (f"ncnn could not load pnnx's graph (load_param returned {ret}); a layer pnnx left "
                         f"unconverted or unknown to ncnn{': ' + hint if hint else ''}")
             net.load_model_mem(entry.bin)
-        except Exception as exc:  # noqa: BLE001 - ncnn's bindings raise plain RuntimeErrors
+        except Exception as exc:  # ncnn's bindings raise plain RuntimeErrors
             net.clear()
             return f"ncnn could not load the converted stage: {exc}"
         return net

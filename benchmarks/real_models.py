@@ -271,7 +271,7 @@ async def bench(name: str, target: str, roots: dict[str, Path]) -> dict[str, Any
                        cpu_only_open_s=round(cpu_s, 3),
                        cached_open_ratio=round(again_s / cpu_s, 3) if cpu_s else None,
                        cached_open_full_ratio=round(full_s / cpu_s, 3) if cpu_s else None)
-    except Exception as exc:  # noqa: BLE001 - a benchmark row records what failed, the run goes on
+    except Exception as exc:  # a benchmark row records what failed, the run goes on
         row.update(runs=False, error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
         return row
     plan = info["plan"]
@@ -294,7 +294,7 @@ async def bench(name: str, target: str, roots: dict[str, Path]) -> dict[str, Any
     if root is not None and npu_flops > 0 and name in NORMALIZE:
         try:
             row.update(await int8_row(name, model, shapes, devices or [], root))
-        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+        except Exception as exc:  # recorded, the run goes on
             row.update(int8_error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
     return row
 

@@ -105,8 +105,8 @@ def compile_time_accuracy(stage: Any, data: bytes, calibration: Any, stored: Sta
     was measured on the same inputs: the same seeded random samples, or calibration samples the
     cache key covers (``keyed_calibration``); None when onnxruntime cannot run the stage alone.
     """
-    if stored is not None and (stored.source == "random" and calibration is None and stored.samples == RANDOM_SAMPLES
-                               or stored.source == "calibration" and calibration is not None and keyed_calibration):
+    if stored is not None and ((stored.source == "random" and calibration is None and stored.samples == RANDOM_SAMPLES)
+                               or (stored.source == "calibration" and calibration is not None and keyed_calibration)):
         return stored
     in_specs = [spec for _n, spec in stage.io_specs()[: len(stage.input_names)]]
     if calibration is not None:

@@ -29,12 +29,12 @@ from hetsched._onnxruntime import ort_session
 from .._errors import CompileError
 
 __all__ = [
-    "io_specs",
     "MIN_OPSET",
     "TOOLKIT_MAX_IR_VERSION",
     "fix_free_dims",
     "fold_passthrough",
     "free_dims",
+    "io_specs",
     "prepare_stage",
     "upgrade_opset",
 ]
