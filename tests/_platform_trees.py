@@ -111,16 +111,16 @@ def rk3588_tree(*, mainline: bool = False) -> dict[str, str | bytes | Link]:
     t[f"{g}/device"] = Link("../../../fb000000.gpu")
     t[f"{plat}/fb000000.gpu/utilisation"] = "0\n"
     t["sys/class/devfreq/fdab0000.npu"] = Link("../../devices/platform/fdab0000.npu/devfreq/fdab0000.npu")
-    n = f"{plat}/fdab0000.npu/devfreq/fdab0000.npu"
-    t[f"{n}/available_frequencies"] = (
+    npu = f"{plat}/fdab0000.npu/devfreq/fdab0000.npu"
+    t[f"{npu}/available_frequencies"] = (
         "300000000 400000000 500000000 600000000 700000000 800000000 900000000 1000000000 \n"
     )
-    t[f"{n}/available_governors"] = RK_DEVFREQ_GOVS
-    t[f"{n}/governor"] = "rknpu_ondemand\n"
-    t[f"{n}/cur_freq"] = "1000000000\n"
-    t[f"{n}/min_freq"] = "300000000\n"
-    t[f"{n}/max_freq"] = "1000000000\n"
-    t[f"{n}/load"] = "0@1000000000Hz\n"
+    t[f"{npu}/available_governors"] = RK_DEVFREQ_GOVS
+    t[f"{npu}/governor"] = "rknpu_ondemand\n"
+    t[f"{npu}/cur_freq"] = "1000000000\n"
+    t[f"{npu}/min_freq"] = "300000000\n"
+    t[f"{npu}/max_freq"] = "1000000000\n"
+    t[f"{npu}/load"] = "0@1000000000Hz\n"
     t["sys/class/devfreq/dmc"] = Link("../../devices/platform/dmc/devfreq/dmc")
     d = f"{plat}/dmc/devfreq/dmc"
     t[f"{d}/available_frequencies"] = "528000000 1068000000 1560000000 2112000000 \n"

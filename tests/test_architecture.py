@@ -111,8 +111,8 @@ def _imports(path: Path, package: str) -> list[tuple[str, bool]]:
             for child in node.orelse:
                 visit(child, runs)
             return
-        for child in ast.iter_child_nodes(node):
-            visit(child, runs)
+        for sub in ast.iter_child_nodes(node):
+            visit(sub, runs)
 
     visit(ast.parse(path.read_text(), str(path)), True)
     return out

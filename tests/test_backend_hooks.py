@@ -31,8 +31,8 @@ def _neg() -> onnx.ModelProto:
 class _Undeclared:
     """Has every optional method by name, declares none of them."""
 
-    input_names = ("x",)
-    output_names = ("y",)
+    input_names: tuple[str, ...] = ("x",)
+    output_names: tuple[str, ...] = ("y",)
     hooks = NO_STAGE_HOOKS
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -70,7 +70,7 @@ def test_methods_a_stage_does_not_declare_are_never_used() -> None:
 
 def test_what_a_stage_declares_is_what_the_runtime_uses() -> None:
     stage = _Undeclared()
-    stage.hooks = StageHooks(in_place=stage, worker_state=stage, modelled=stage)  # type: ignore[misc, arg-type]
+    stage.hooks = StageHooks(in_place=stage, worker_state=stage, modelled=stage)  # type: ignore[arg-type]
     st = StageRuntime(_SPEC, stage, "k", 0.0, "host")
     assert st.bound and st.specs == ((np.dtype(np.float32), (4,)),)
     assert st.seconds_fn is not None and st.seconds_fn() == 1.0 and st.energy_fn is not None
@@ -79,14 +79,16 @@ def test_what_a_stage_declares_is_what_the_runtime_uses() -> None:
 
 def test_built_in_stages_declare_their_hooks() -> None:
     cpu = CpuBackend().compile(_neg(), Device(name="cpu:0", cpus=()), name="s")
+    itself: object = cpu  # the declared CompiledStage is not a BindableStage by type; the object is
     try:
-        assert cpu.hooks.in_place is cpu and cpu.hooks.modelled is None and cpu.hooks.worker_state is None
+        assert cpu.hooks.in_place is itself and cpu.hooks.modelled is None and cpu.hooks.worker_state is None
     finally:
         cpu.close()
     npu = next(d for d in twin_devices("rk3588", host=(0,)) if d.kind == "npu")
     sim = SimBackend().compile(_neg(), npu, name="s")
+    sim_itself: object = sim
     try:
-        assert sim.hooks.in_place is sim and sim.hooks.modelled is sim and sim.hooks.statistics is sim
+        assert all(hook is sim_itself for hook in (sim.hooks.in_place, sim.hooks.modelled, sim.hooks.statistics))
         st = StageRuntime(_SPEC, sim, "k", 0.0, "host")
         assert st.bound and st.seconds_fn is not None
     finally:

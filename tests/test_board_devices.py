@@ -197,7 +197,8 @@ def test_twin_cluster_roles_rank_the_profile() -> None:
 def test_dla_engines_in_the_profiles(soc: str) -> None:
     prof = get_profile(soc)
     assert [e.name for e in prof.engines] == [f"dla{i}" for i in range(DLA_CORES[soc])]
-    assert all(d.kind != "dla" for d in prof.domains)  # device-only: physics and governors never see them
+    # device-only: physics and governors never see them (the profile's data is checked, not its type)
+    assert all(d.kind != "dla" for d in prof.domains)  # type: ignore[comparison-overlap]
     if prof.engines:
         gpu = prof.domain("gpu")
         dla = prof.engines[0]

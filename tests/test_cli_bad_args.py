@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -85,7 +85,7 @@ NUMERIC_CASES = [
 
 
 def test_the_cases_cover_the_options_of_the_issue() -> None:
-    ids = {(c.values[0][0], c.values[1]) for c in NUMERIC_CASES}
+    ids = {(cast("list[str]", c.values[0])[0], c.values[1]) for c in NUMERIC_CASES}
     for case in [("run", "--policy"), ("run", "--max-unit-nodes"), ("demo", "--requests"), ("run", "--concurrency"),
                  ("run", "--power-budget"), ("plan", "--max-unit-nodes"), ("twin", "--flaky")]:
         assert case in ids, case

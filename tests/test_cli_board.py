@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,7 @@ from hetsched._cli import main
 
 
 @pytest.mark.parametrize("soc", ["rk3588", "orin-nx"])
-def test_twin_info_run_on_a_board_tree(soc: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_twin_info_run_on_a_board_tree(soc: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / soc
     assert main(["twin", soc, "--root", str(root), "--once"]) == 0
     capsys.readouterr()
@@ -37,7 +38,7 @@ def test_twin_info_run_on_a_board_tree(soc: str, tmp_path, capsys: pytest.Captur
     assert all(row["time_ms_per_run"] > 0 and row["energy_mj_per_run"] >= 0 for row in summary["modelled"])
 
 
-def test_run_root_without_a_board_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_root_without_a_board_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "light_squeezenet", "--root", str(tmp_path), "--requests", "1"]) == 1
     err = capsys.readouterr().err
     assert "UnknownSocError" in err and str(tmp_path) in err
@@ -79,7 +80,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_plan_root_defaults_to_the_boards_devices_and_says_what_it_left_out(
         board_roots: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        tmp_path) -> None:
+        tmp_path: Path) -> None:
     monkeypatch.setenv("HETSCHED_RKNN_PYTHON", str(tmp_path / "no-such-python"))
     import hetsched.backends._ncnn_devices as ncnn_devices
 

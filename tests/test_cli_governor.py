@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def _cli(*args: str) -> list[str]:
 
 
 @pytest.fixture
-def live_twin(tmp_path: Path):
+def live_twin(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "board"
     root.mkdir()
     with twin_process("rk3588", root, "sys/devices/system/cpu/cpufreq/policy4/scaling_governor"):

@@ -13,6 +13,8 @@ import os
 import re
 import unittest
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import onnx.backend.test
 import onnxruntime.backend as ort_backend
@@ -29,7 +31,8 @@ DEVICES = [f"cpu:{_CPUS[0]}", f"cpu:{_CPUS[1]}", f"cpu:{_CPUS[0]},{_CPUS[1]}"] i
 
 
 
-def _cases(backend: object) -> dict[str, type[unittest.TestCase]]:
+def _cases(backend: Any) -> dict[str, type[unittest.TestCase]]:
+    # a Backend class (ours) or a module of backend functions (onnxruntime.backend), as onnx takes either
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bt = onnx.backend.test.BackendTest(backend, __name__)
@@ -79,7 +82,7 @@ def _run(cls: type[unittest.TestCase], method: str) -> unittest.TestResult:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _onnx_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _onnx_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     # The light "real" models write their dummy data under ONNX_HOME.
     home = tmp_path_factory.mktemp("onnx_home")
     old = os.environ.get("ONNX_HOME")

@@ -328,7 +328,8 @@ def test_a_failed_run_leaks_nothing(cudart: _RecordingCudart, tmp_path: Any) -> 
 def _stage(cudart: _RecordingCudart, out_shape: tuple[int, ...] = (2, 64)) -> TensorRtStage:
     gpu = types.SimpleNamespace(integrated=True)
     stage = TensorRtStage(None, cudart, None, b"", name="s0", device=Device("gpu", kind="gpu", backend="tensorrt"),
-                          device_id=0, gpu=gpu, dla_core=None, precision="fp32",
+                          device_id=0, gpu=gpu,  # type: ignore[arg-type]  # the one field the stage reads
+                          dla_core=None, precision="fp32",
                           key="k", cached=False, input_names=["x"], output_names=["y"])
     stage._handle = _handle(cudart, out_shape)  # the engine stand-in, as if deserialized
     return stage

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ RK_SOC_ZONE = "sys/devices/virtual/thermal/thermal_zone0"
 EMC = "sys/kernel/debug/bpmp/debug/clk/emc"
 
 
-def _tree(tmp_path: Path, soc: str = "rk3588", **kw: str) -> Path:
+def _tree(tmp_path: Path, soc: str = "rk3588", **kw: Any) -> Path:
     return build_board_tree(tmp_path / soc, soc, **kw)
 
 
@@ -47,7 +48,7 @@ def _bad(found: list[Finding], check: str | None = None) -> list[Finding]:
 class _Stepper:
     """A clock and sleep that move together; ``on_sleep`` plants the next reading."""
 
-    def __init__(self, on_sleep: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_sleep: Callable[[int], object] | None = None) -> None:
         self.t = 0.0
         self.n = 0
         self.on_sleep = on_sleep

@@ -177,8 +177,8 @@ class _ContextStage:
         self._backend = backend
         self.name = name
         self.device = device
-        self.input_names = ("x",)
-        self.output_names = ("y",)
+        self.input_names: tuple[str, ...] = ("x",)
+        self.output_names: tuple[str, ...] = ("y",)
         self.hooks = StageHooks(worker_state=self)
 
     def worker_state(self, worker: WorkerInfo) -> _Context:

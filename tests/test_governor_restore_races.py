@@ -21,7 +21,7 @@ def _table():  # type: ignore[no-untyped-def]
 
 def test_a_hook_that_raced_the_shutdown_writes_nothing_after_the_restore() -> None:
     board = TableBoard(_table())
-    gov = Governor(port=board, autotune=False, handle_signals=False)  # type: ignore[arg-type]
+    gov = Governor(port=board, autotune=False, handle_signals=False)
     gov.__enter__()
     gov.on_phase(Phase.FORWARD)
     board.run(gov.engine, Phase.FORWARD)

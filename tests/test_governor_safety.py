@@ -406,7 +406,7 @@ def test_a_profile_that_is_no_profile_is_a_profile_error(content: bytes, tmp_pat
         Governor(root, profile=path, handle_signals=False)
 
 
-def test_a_run_link_swapped_in_after_start_is_not_followed(tmp_path):
+def test_a_run_link_swapped_in_after_start_is_not_followed(tmp_path: Path) -> None:
     """The state directory is walked with O_NOFOLLOW at every write: a link planted in
     ``run/`` after the writer resolved it is refused, and nothing outside changes."""
     import os

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from hetsched import ModelNotFoundError, Session, load_model
 from hetsched._planning.model import embedded_model, embedded_model_names, model_path
-from hetsched.policies import HEFT, Pinned, PowerThermalWeighted, RandomPolicy
+from hetsched.policies import HEFT, Pinned, PlacementPolicy, PowerThermalWeighted, RandomPolicy
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 MODELS = ["squeezenet", "resnet50", "shufflenet", "inception_v1", "densenet121"]
@@ -41,7 +42,7 @@ def _reference(name: str) -> tuple[dict[str, np.ndarray], list[np.ndarray], int]
     return feeds, sess.run(None, feeds), n_nodes
 
 
-async def _run(name: str, policy: object, max_unit_nodes: int | None) -> tuple[list[np.ndarray], int, set[str]]:
+async def _run(name: str, policy: PlacementPolicy | str | None, max_unit_nodes: int | None) -> tuple[list[np.ndarray], int, set[str]]:
     feeds, _, _ = _reference(name)
     async with Session(_path(name), devices=DEVICES, policy=policy, max_unit_nodes=max_unit_nodes) as s:
         out = await s.run(None, feeds)
@@ -72,7 +73,8 @@ CUTS = [
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize(("label", "make_policy", "units"), CUTS, ids=[c[0] for c in CUTS])
-def test_cut_into_2_to_8_stages_matches_onnxruntime(model: str, label: str, make_policy, units: int) -> None:
+def test_cut_into_2_to_8_stages_matches_onnxruntime(model: str, label: str, make_policy: Callable[[], PlacementPolicy],
+                                                   units: int) -> None:
     _, _, n_nodes = _reference(model)
     got, n_stages, used = anyio.run(_run, model, make_policy(), math.ceil(n_nodes / units))
     assert 2 <= n_stages <= 8, f"{model} {label}: {n_stages} stages"
@@ -90,7 +92,7 @@ POLICIES = [
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize(("label", "make_policy"), POLICIES, ids=[p[0] for p in POLICIES])
-def test_each_builtin_policy_matches_onnxruntime(model: str, label: str, make_policy) -> None:
+def test_each_builtin_policy_matches_onnxruntime(model: str, label: str, make_policy: Callable[[], PlacementPolicy]) -> None:
     _, _, n_nodes = _reference(model)
     got, n_stages, used = anyio.run(_run, model, make_policy(), math.ceil(n_nodes / 4))
     assert 1 <= n_stages <= 4

@@ -116,10 +116,10 @@ def _install_and_import(kind: str, dist: Path, tmp: Path) -> tuple[Path, dict[st
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_every_module_installs_and_imports(kind: str, dists: dict[str, Path], tmp_path: Path) -> None:
     _, got = _install_and_import(kind, dists[kind], tmp_path)
-    assert set(got["modules"]) == _source_modules()  # type: ignore[arg-type]
+    assert set(got["modules"]) == _source_modules()  # type: ignore[call-overload]
     assert got["typed"] is True
     assert got["version"] == "0.1.0"
-    assert {"power-thermal", "heft", "pinned", "random"} <= set(got["policies"])  # type: ignore[arg-type]
+    assert {"power-thermal", "heft", "pinned", "random"} <= set(got["policies"])  # type: ignore[call-overload]
 
 
 def test_the_installed_command_line_runs_outside_the_checkout(dists: dict[str, Path], tmp_path: Path) -> None:

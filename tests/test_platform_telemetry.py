@@ -70,7 +70,8 @@ def test_rk3588_values_follow_the_tree(tmp_path: Path) -> None:
     assert s2.hottest_headroom_c() == pytest.approx(75.0 - 81.25)
     # no sensor: the SoC model passed in estimates every rail, and the rails say so
     assert s2.rails and all(r.source == "estimated" and r.power_w is not None for r in s2.rails.values())
-    assert s2.rails["board"].power_w > s2.rails["vdd_cpu_big0"].power_w > 0
+    board_w, big_w = s2.rails["board"].power_w, s2.rails["vdd_cpu_big0"].power_w
+    assert board_w is not None and big_w is not None and board_w > big_w > 0
     assert tm.history() == (s1, s2) and tm.latest() is s2
 
 

@@ -111,7 +111,7 @@ def test_parse_full_trace_rows_counters_phases_replans() -> None:
     assert view.end_s == pytest.approx(2.0)
     transfers = [r for r in view.rows if r.kind == "transfer"]
     assert [r.label for r in transfers] == ["channel host->npu"] and len(transfers[0].spans) == 20
-    assert transfers[0].marks_s == (pytest.approx(0.045),)
+    assert transfers[0].marks_s == pytest.approx((0.045,))
     assert [s.name for s in view.clocks] == ["cpu-big0", "cpu-big1", "cpu-little", "npu"]
     assert view.clocks[2].values[0] == 1800 and view.clocks[2].values[-1] == pytest.approx(1080)
     assert [s.name for s in view.temps] == ["bigcore0-thermal", "npu-thermal", "soc-thermal"]
@@ -126,7 +126,7 @@ def test_parse_full_trace_rows_counters_phases_replans() -> None:
 def test_parse_without_telemetry_or_governor() -> None:
     view = parse_trace(synthetic_trace(counters=False, governor=False, replans=False))
     assert view.clocks == view.temps == view.power == ()
-    assert view.phases == view.replans == view.trips_c == ()
+    assert view.phases == () and view.replans == () and view.trips_c == ()
     assert view.stage_runs == 80
 
 

@@ -141,7 +141,7 @@ def test_version_matches_pyproject() -> None:
     assert hetsched.__version__ == meta["project"]["version"]
 
 
-def test_readme_tour_runs(tmp_path, capsys) -> None:
+def test_readme_tour_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The README's Python tour is what new users paste first: it must run as written.
     import runpy
     from pathlib import Path
@@ -178,7 +178,7 @@ def _private_imports(path: Path) -> list[str]:
     return found
 
 
-def test_private_import_check_sees_private_imports(tmp_path) -> None:
+def test_private_import_check_sees_private_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import hetsched._twin.sim\nfrom hetsched._governor import Governor\nfrom hetsched.lowlevel import _x\n"

@@ -63,7 +63,7 @@ def _model_with_external_data(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_helper_refuses_what_is_not_a_regular_file(fifo: Path, tmp_path: Path):
+def test_the_helper_refuses_what_is_not_a_regular_file(fifo: Path, tmp_path: Path) -> None:
     for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device"), (tmp_path, "a directory")):
         with pytest.raises(NotRegularFileError) as info:
             read_regular_file(path, what="thing")
@@ -74,12 +74,12 @@ def test_the_helper_refuses_what_is_not_a_regular_file(fifo: Path, tmp_path: Pat
         read_regular_file(tmp_path / "nowhere")
 
 
-def test_a_model_that_is_a_fifo_is_refused_not_read(fifo: Path):
+def test_a_model_that_is_a_fifo_is_refused_not_read(fifo: Path) -> None:
     with pytest.raises(NotRegularFileError, match="a FIFO"):
         load_model(str(fifo))
 
 
-def test_a_model_that_is_dev_zero_or_links_to_it_is_refused(tmp_path: Path):
+def test_a_model_that_is_dev_zero_or_links_to_it_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "zero.onnx"
     link.symlink_to("/dev/zero")
     for source in ("/dev/zero", str(link)):
@@ -87,7 +87,7 @@ def test_a_model_that_is_dev_zero_or_links_to_it_is_refused(tmp_path: Path):
             load_model(source)
 
 
-def test_external_data_that_is_a_fifo_is_named_as_one(tmp_path: Path):
+def test_external_data_that_is_a_fifo_is_named_as_one(tmp_path: Path) -> None:
     path = _model_with_external_data(tmp_path)
     assert load_model(str(path)).graph.initializer[0].raw_data  # loads as it is
     (tmp_path / "m.data").unlink()
@@ -98,7 +98,7 @@ def test_external_data_that_is_a_fifo_is_named_as_one(tmp_path: Path):
     assert "'m.data'" in str(info.value)
 
 
-def test_external_data_linked_to_dev_zero_is_named_as_a_device(tmp_path: Path):
+def test_external_data_linked_to_dev_zero_is_named_as_a_device(tmp_path: Path) -> None:
     path = _model_with_external_data(tmp_path)
     (tmp_path / "m.data").unlink()
     (tmp_path / "m.data").symlink_to("/dev/zero")
@@ -108,26 +108,26 @@ def test_external_data_linked_to_dev_zero_is_named_as_a_device(tmp_path: Path):
     assert "does not exist" not in str(info.value)
 
 
-def test_missing_external_data_is_still_reported_missing(tmp_path: Path):
+def test_missing_external_data_is_still_reported_missing(tmp_path: Path) -> None:
     path = _model_with_external_data(tmp_path)
     (tmp_path / "m.data").unlink()
     with pytest.raises(ModelNotFoundError, match="does not exist next to the model"):
         load_model(str(path))
 
 
-def test_a_trace_that_is_a_fifo_is_refused(fifo: Path):
+def test_a_trace_that_is_a_fifo_is_refused(fifo: Path) -> None:
     with pytest.raises(NotRegularFileError, match="trace file"):
         load_trace(fifo)
 
 
-def test_a_missing_trace_says_it_does_not_exist(tmp_path: Path):
+def test_a_missing_trace_says_it_does_not_exist(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="does not exist") as info:
         load_trace(tmp_path / "missing.json")
     assert "traceEvents" not in str(info.value)
 
 
 def test_cli_plan_and_plot_refuse_a_fifo_in_one_line(fifo: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]):
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["plot", str(fifo), "-o", str(tmp_path / "x.png")]) == 1
     err = capsys.readouterr().err
     assert "NotRegularFileError" in err and str(fifo) in err and "Traceback" not in err
@@ -136,7 +136,7 @@ def test_cli_plan_and_plot_refuse_a_fifo_in_one_line(fifo: Path, tmp_path: Path,
     assert "NotRegularFileError" in err and "/dev/zero" in err and "Traceback" not in err
 
 
-def test_calibration_files_that_are_not_regular_are_refused(fifo: Path, tmp_path: Path):
+def test_calibration_files_that_are_not_regular_are_refused(fifo: Path, tmp_path: Path) -> None:
     cal = tmp_path / "cal"
     cal.mkdir()
     np.save(cal / "0.npy", np.zeros((1, 4), np.float32))

@@ -262,7 +262,7 @@ async def test_a_backend_breaking_its_contract_fails_that_request_and_its_worker
         [helper.make_node("Neg", ["x"], ["y"], name="neg")], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]), opset_imports=[helper.make_operatorsetid("", 17)])
-    register_backend("breaking", _Breaking())  # type: ignore[arg-type]
+    register_backend("breaking", _Breaking())
     try:
         async with Session(model, devices=[fake_device("brk", backend="breaking")]) as s:
             with anyio.fail_after(30):

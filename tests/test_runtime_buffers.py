@@ -167,8 +167,8 @@ async def test_unreleased_zero_copy_outputs_are_a_leak_naming_the_stage(no_leake
             producer = {o: sp.name for sp in s.plan.stages for o in sp.outputs}
             out = await s.run(["y"], {"x": _x()}, zero_copy=True)
     assert producer["y"] in str(info.value)
-    assert info.value.stages == [producer["y"]]  # type: ignore[attr-defined]
-    assert info.value.labels == [f"{producer['y']}:y"]  # type: ignore[attr-defined]
+    assert info.value.stages == [producer["y"]]
+    assert info.value.labels == [f"{producer['y']}:y"]
     out.release()  # still safe after the session closed: the memory is unmapped now
 
 

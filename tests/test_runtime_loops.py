@@ -69,7 +69,7 @@ async def test_asyncio_waiter_set_before_waiting_returns_at_once_and_set_is_idem
     w = loop.new_waiter()
     loop.set_waiter(w)
     loop.set_waiter(w)  # a second wake-up of the same waiter is harmless
-    ran = []
+    ran: list[str] = []
     asyncio.get_running_loop().call_soon(ran.append, "other")
     await loop.wait(w)
     # a resolved future is awaited without yielding to the loop: nothing else ran meanwhile

@@ -3,6 +3,7 @@ pipelining, backpressure, per-core workers and many concurrent requests."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -150,7 +151,7 @@ async def _queue_behind_gate(s: Session, order: _Order, prios: list[Priority], *
         tg.start_soon(s.run, {"x": _x(0)})
         await anyio.to_thread.run_sync(order.entered.wait)
         for i, p in enumerate(prios):
-            tg.start_soon(lambda p=p: s.run({"x": _x(1)}, priority=p))
+            tg.start_soon(functools.partial(s.run, {"x": _x(1)}, priority=p))
             if pause_after is not None and i == pause_after:
                 await _until(lambda i=i: s.statistics().queued_stages >= i + 1, "queued", within_s=5)
                 if clock is not None:
@@ -212,7 +213,7 @@ async def test_preemption_point_is_the_stage_boundary() -> None:
             tg.start_soon(s.run, {"x": _x(0)})
             await anyio.to_thread.run_sync(order.entered.wait)
             for i in range(4):
-                tg.start_soon(lambda i=i: s.run({"x": _x(i)}, priority=P.BACKGROUND))
+                tg.start_soon(functools.partial(s.run, {"x": _x(i)}, priority=P.BACKGROUND))
             # all their relus ran; their negs wait on cpu:1
             await _until(lambda: order.done.get("cpu:0", 0) >= 5 and s.statistics().queued_stages >= 4, "relus",
                          within_s=5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -159,7 +160,7 @@ async def test_priorities_off_means_no_transfer_preemption() -> None:
     async with Session(_model(), devices=[HOST, ACC], policy=PLACE, max_unit_nodes=1, memory=hetsched.Memory(topology=topo, chunk_bytes=64 << 10, copy_fn=rate_limited_copy(64 << 20)), scheduling=hetsched.Scheduling(priorities=False)) as s:
         async with anyio.create_task_group() as tg:
             for i, p in enumerate([Priority.BACKGROUND, Priority.HIGH, Priority.REALTIME]):
-                tg.start_soon(lambda p=p, i=i: s.run({"x": _x(i)}, priority=p))
+                tg.start_soon(functools.partial(s.run, {"x": _x(i)}, priority=p))
         st = s.statistics()
         assert st.transfers is not None and st.transfers.preemptions == 0 and st.transfers.transfers == 9
 

@@ -60,8 +60,8 @@ class _Stage:
         self.log = log
         self.clock = clock
         self.cost_s = cost_s
-        self.input_names = ("x",)
-        self.output_names = ("y",)
+        self.input_names: tuple[str, ...] = ("x",)
+        self.output_names: tuple[str, ...] = ("y",)
         self._bound = bound
         if bound:
             self.output_specs = lambda: [(np.float32, (4,))]
@@ -251,8 +251,8 @@ class _Branch:
 
     def __init__(self, name: str, inp: str, out: str, clock: VirtualClock, cost_s: float, ran: list[str]):
         self.name = name
-        self.input_names = (inp,)
-        self.output_names = (out,)
+        self.input_names: tuple[str, ...] = (inp,)
+        self.output_names: tuple[str, ...] = (out,)
         self.clock, self.cost_s, self.ran = clock, cost_s, ran
 
     @property

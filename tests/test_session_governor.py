@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -24,7 +25,7 @@ class Recorder:
             self.phases.append(phase)
 
 
-def _model():
+def _model() -> onnx.ModelProto:
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="a"), helper.make_node("Neg", ["r"], ["y"], name="b")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])])

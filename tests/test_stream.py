@@ -452,7 +452,7 @@ async def test_misuse_is_named() -> None:
         with pytest.raises(InputError, match="iterable"):
             s.map(42)  # type: ignore[arg-type]
         with pytest.raises(InputError, match="iterable"):
-            s.map({"x": _x(0)})  # one feeds mapping, not a stream of them
+            s.map({"x": _x(0)})  # type: ignore[dict-item]  # one feeds mapping, not a stream of them
         with pytest.raises(ValueError, match="window"):
             s.map([], window=0)
         with pytest.raises(ValueError):

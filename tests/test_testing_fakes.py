@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -14,7 +15,7 @@ from hetsched.testing import FakeBackend, fake_device
 pytestmark = pytest.mark.anyio
 
 
-def _model():
+def _model() -> onnx.ModelProto:
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu"),
         helper.make_node("Sin", ["r"], ["s"], name="sin"),
@@ -29,7 +30,7 @@ async def test_fake_accelerator_takes_only_its_ops() -> None:
     x = np.random.default_rng(0).standard_normal([4, 4]).astype(np.float32)
     want = ort.InferenceSession(_model().SerializeToString()).run(None, {"x": x})[0]
     with FakeBackend("relu-only", ops={"Relu"}) as backend:
-        devices = ["cpu:0", fake_device("acc", backend="relu-only")]
+        devices: list[str | hetsched.Device] = ["cpu:0", fake_device("acc", backend="relu-only")]
         policy = lambda p: {u.id: ("acc" if "acc" in u.candidates else "cpu:0") for u in p.units}  # noqa: E731
         async with hetsched.Session(_model(), devices=devices, policy=policy) as s:
             got = await s.run({"x": x})

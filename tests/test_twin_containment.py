@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -241,7 +242,9 @@ def test_load_files_linked_out_are_neither_read_nor_deleted(root: Path, outside:
         pytest.param(lambda r, o: os.symlink(o, r / POLICY0 / "conservative"), id="governor-dir-link"),
     ],
 )
-def test_cli_twin_once_refuses_planted_links(root: Path, outside: Path, plant, capsys) -> None:
+def test_cli_twin_once_refuses_planted_links(
+    root: Path, outside: Path, plant: Callable[[Path, Path], object], capsys: pytest.CaptureFixture[str]
+) -> None:
     plant(root, outside)
     before = snapshot(outside)
     rc = main(["twin", "rk3588", "--root", str(root), "--once"])
@@ -251,7 +254,9 @@ def test_cli_twin_once_refuses_planted_links(root: Path, outside: Path, plant, c
     assert snapshot(outside) == before
 
 
-def test_cli_twin_once_over_an_existing_tree_with_inside_links_succeeds(root: Path, capsys) -> None:
+def test_cli_twin_once_over_an_existing_tree_with_inside_links_succeeds(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(["twin", "rk3588", "--root", str(root), "--once"])
     assert rc == 0 and "snapshot written" in capsys.readouterr().out
     link = root / "sys/class/thermal/thermal_zone0"

@@ -36,7 +36,7 @@ def test_leakage_rises_with_temperature_and_voltage() -> None:
 
 @pytest.mark.parametrize("soc", known_socs())
 def test_more_frequency_means_more_power_and_heat(soc: str) -> None:
-    results = []
+    results: list[tuple[float, float, float]] = []
     for pick in (0, -1):
         b = SimBoard(soc, noise=False)
         for name, info in b.domains().items():
@@ -45,7 +45,9 @@ def test_more_frequency_means_more_power_and_heat(soc: str) -> None:
                 b.set_utilisation(name, 1.0)
         b.step(120.0)
         cpu_zone = b.profile.layout().zones[0].type
-        results.append((b.total_power_w(), b.temperature(cpu_zone), b.statistics().energy_j))
+        temperature = b.temperature(cpu_zone)
+        assert temperature is not None
+        results.append((b.total_power_w(), temperature, b.statistics().energy_j))
     (p_lo, t_lo, e_lo), (p_hi, t_hi, e_hi) = results
     assert p_hi > p_lo * 1.5
     assert t_hi > t_lo + 3.0
@@ -166,7 +168,8 @@ def test_rk3588_vendor_cap_above_85c() -> None:
     soc = b.temperature("soc-thermal")
     assert soc is not None and soc > 85.0
     assert b.thermal_cap("npu") == 800_000_000 and b.frequency("npu") == 800_000_000
-    assert b.thermal_cap("cluster4") is not None and b.thermal_cap("cluster4") <= 2_208_000_000
+    cap = b.thermal_cap("cluster4")
+    assert cap is not None and cap <= 2_208_000_000
     b.set_utilisation("npu", 0.0)
     b.set_utilisation("memory", 0.0)
     b.step(600.0)

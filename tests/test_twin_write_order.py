@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from hetsched._platform import SysfsRoot
 from hetsched._platform.jetson import read_emc, set_emc_rate
 from hetsched._twin.live import LiveTwin
+from hetsched._twin.state import BoardState
 
 
-def test_emc_lock_then_rate_between_two_polls(tmp_path) -> None:
+def test_emc_lock_then_rate_between_two_polls(tmp_path: Path) -> None:
     twin = LiveTwin("orin-nx", tmp_path)
     twin.write_once()
     fs = SysfsRoot(tmp_path)
@@ -20,7 +25,7 @@ def test_emc_lock_then_rate_between_two_polls(tmp_path) -> None:
     assert after.rate_hz == 665_600_000
 
 
-def test_a_write_landing_between_the_poll_and_the_render_is_kept(tmp_path, monkeypatch) -> None:
+def test_a_write_landing_between_the_poll_and_the_render_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A governor's restore that writes a knob while the twin applies an earlier write of it must
     # not be replaced by the twin's render of the earlier value (a kernel applies both in turn).
     twin = LiveTwin("rk3588", tmp_path)
@@ -32,7 +37,7 @@ def test_a_write_landing_between_the_poll_and_the_render_is_kept(tmp_path, monke
     knob.write_text(low + "\n")  # the governor caps the cluster
     render = twin._render_state
 
-    def restore_then_render(state):  # the restore arrives after the poll read the cap
+    def restore_then_render(state: BoardState) -> None:  # the restore arrives after the poll read the cap
         knob.write_text(top + "\n")
         render(state)
 

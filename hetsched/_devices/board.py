@@ -29,6 +29,7 @@ ncnn finds one (``gpu:ncnn`` and ``gpu`` still name it); otherwise the note says
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -170,7 +171,7 @@ def _gpu_note(board: BoardRoot) -> str | None:
     return mali_note(board.soc)
 
 
-def board_device_notes(root: str | SysfsRoot) -> list[str]:
+def board_device_notes(root: str | os.PathLike[str] | SysfsRoot) -> list[str]:
     """What the default device list of the board under ``root`` leaves out, and why: the RK3588
     NPU when the RKNN toolkit environment is missing, its Mali GPU without ncnn on a hardware Vulkan
     driver (a real board has no other backend for it); on a real Jetson Orin (the host's ``/``)

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -95,6 +95,9 @@ class FakeStage:
         self._backend._closed(self.name)
 
 
+_FakeT = TypeVar("_FakeT", bound="FakeBackend")
+
+
 class FakeBackend:
     """A test backend: declares which ops it runs and records every stage run.
 
@@ -145,7 +148,7 @@ class FakeBackend:
         with self._lock:
             self.calls.append(call)
 
-    def __enter__(self) -> FakeBackend:
+    def __enter__(self: _FakeT) -> _FakeT:  # a subclass's `with` keeps its own type
         register_backend(self.name, self)
         return self
 
