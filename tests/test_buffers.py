@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -18,6 +20,7 @@ from hetsched._runtime import (
     BufferState,
     MemoryDomain,
     MemoryKind,
+    TensorBuffer,
     Topology,
     pools_for,
     size_class,
@@ -25,7 +28,7 @@ from hetsched._runtime import (
 
 
 @pytest.fixture
-def pool(tmp_path):
+def pool(tmp_path: Path) -> Iterator[BufferPool]:
     # An empty fake root: no dma-heap, so the memfd path is what gets exercised.
     p = BufferPool(MemoryDomain("host", MemoryKind.HOST), root=tmp_path)
     yield p
@@ -68,7 +71,7 @@ def test_memfd_backing_is_shared_memory(pool: BufferPool) -> None:
     b.release()
 
 
-def test_fake_dma_heap_falls_back_to_memfd(tmp_path) -> None:
+def test_fake_dma_heap_falls_back_to_memfd(tmp_path: Path) -> None:
     heap = tmp_path / "dev" / "dma_heap"
     heap.mkdir(parents=True)
     (heap / "system").write_bytes(b"")  # a regular file: the ioctl fails like a broken heap
@@ -176,8 +179,8 @@ def test_same_domain_handoff_shares_the_pointer(pool: BufferPool) -> None:
     assert all((a == np.arange(16)).all() for _, a in seen)
     out.release()
     assert out.state is BufferState.ALLOCATED and pool.statistics().live_buffers == 1
-    out.release()  # the last consumer
-    assert out.state is BufferState.RELEASED and pool.statistics().live_buffers == 0
+    out.release()  # the last consumer (mypy keeps the state narrowed by the assert above: hence the ignores)
+    assert out.state is BufferState.RELEASED and pool.statistics().live_buffers == 0  # type: ignore[comparison-overlap]
 
 
 def test_refcount_below_zero_and_use_after_release(pool: BufferPool) -> None:
@@ -212,7 +215,7 @@ def test_legal_lifecycle(pool: BufferPool) -> None:
     b.activate(shared=True)
     b.activate(shared=True)
     b.deactivate()
-    assert b.state is BufferState.ACTIVE
+    assert b.state is BufferState.ACTIVE  # type: ignore[comparison-overlap]  # narrowed above, changed since
     b.deactivate()
     assert b.state is BufferState.ALLOCATED
     freed = pool.evict(b)
@@ -226,19 +229,19 @@ def test_legal_lifecycle(pool: BufferPool) -> None:
     assert (st.evictions, st.restores, st.live_buffers) == (1, 1, 0)
 
 
-def _active(pool: BufferPool):
+def _active(pool: BufferPool) -> TensorBuffer:
     b = pool.acquire_nowait(16, label="active-one")
     b.activate()
     return b
 
 
-def _evicted(pool: BufferPool):
+def _evicted(pool: BufferPool) -> TensorBuffer:
     b = pool.acquire_nowait(16, label="evicted-one")
     pool.evict(b)
     return b
 
 
-def _released(pool: BufferPool):
+def _released(pool: BufferPool) -> TensorBuffer:
     b = pool.acquire_nowait(16, label="released-one")
     b.release()
     return b
@@ -258,7 +261,8 @@ def _released(pool: BufferPool):
         (_released, lambda p, b: b.activate(), "released -> active"),
     ],
 )
-def test_illegal_transitions_raise(pool: BufferPool, make, action, words: str) -> None:
+def test_illegal_transitions_raise(pool: BufferPool, make: Callable[[BufferPool], TensorBuffer],
+                                   action: Callable[[BufferPool, TensorBuffer], object], words: str) -> None:
     b = make(pool)
     before = b.state
     with pytest.raises(BufferStateError, match=words):
@@ -278,12 +282,12 @@ def test_release_while_active_is_deferred(pool: BufferPool) -> None:
     assert b.refcount == 0 and b.state is BufferState.ACTIVE
     assert pool.statistics().live_buffers == 1  # memory still owned by the in-flight copy
     b.deactivate()
-    assert b.state is BufferState.RELEASED
+    assert b.state is BufferState.RELEASED  # type: ignore[comparison-overlap]  # narrowed above, changed since
     st = pool.statistics()
     assert st.live_buffers == 0 and st.bytes_in_use == 0
 
 
-def test_evict_idle_skips_active_and_goes_oldest_first(tmp_path) -> None:
+def test_evict_idle_skips_active_and_goes_oldest_first(tmp_path: Path) -> None:
     with BufferPool("host", root=tmp_path) as p:
         old, busy, young = (p.acquire_nowait(1024, label=n) for n in ("old", "busy", "young"))
         busy.activate()
@@ -296,7 +300,7 @@ def test_evict_idle_skips_active_and_goes_oldest_first(tmp_path) -> None:
             b.release()
 
 
-def test_budget_nowait_and_eviction_under_pressure(tmp_path) -> None:
+def test_budget_nowait_and_eviction_under_pressure(tmp_path: Path) -> None:
     with BufferPool("host", capacity_bytes=4096, root=tmp_path) as p:
         a = p.acquire_nowait(4096)
         with pytest.raises(anyio.WouldBlock):
@@ -326,7 +330,7 @@ def test_budget_nowait_and_eviction_under_pressure(tmp_path) -> None:
 
 
 @pytest.mark.anyio
-async def test_acquire_waits_for_release(tmp_path) -> None:
+async def test_acquire_waits_for_release(tmp_path: Path) -> None:
     with BufferPool("host", capacity_bytes=8192, root=tmp_path) as p:
         held = p.acquire_nowait(8192, label="big")
         got = []
@@ -345,7 +349,7 @@ async def test_acquire_waits_for_release(tmp_path) -> None:
 
 
 @pytest.mark.anyio
-async def test_waiters_are_served_first_come_first_served(tmp_path) -> None:
+async def test_waiters_are_served_first_come_first_served(tmp_path: Path) -> None:
     with BufferPool("host", capacity_bytes=8192, root=tmp_path) as p:
         a = p.acquire_nowait(4096)
         b = p.acquire_nowait(4096)
@@ -377,7 +381,7 @@ async def test_waiters_are_served_first_come_first_served(tmp_path) -> None:
 
 
 @pytest.mark.anyio
-async def test_cancelled_waiter_leaves_nothing_behind(tmp_path) -> None:
+async def test_cancelled_waiter_leaves_nothing_behind(tmp_path: Path) -> None:
     with BufferPool("host", capacity_bytes=4096, root=tmp_path) as p:
         held = p.acquire_nowait(4096)
         with anyio.move_on_after(0.01) as scope:
@@ -403,7 +407,7 @@ async def test_cancelled_waiter_leaves_nothing_behind(tmp_path) -> None:
 
 
 @pytest.mark.anyio
-async def test_release_from_worker_thread_wakes_waiter(tmp_path) -> None:
+async def test_release_from_worker_thread_wakes_waiter(tmp_path: Path) -> None:
     with BufferPool("host", capacity_bytes=4096, root=tmp_path) as p:
         held = p.acquire_nowait(4096)
         async with anyio.create_task_group() as tg:
@@ -440,7 +444,7 @@ def test_refcount_is_exact_under_threads(pool: BufferPool) -> None:
     assert pool.statistics().live_buffers == 0
 
 
-def test_close_reports_leaks_by_label(tmp_path) -> None:
+def test_close_reports_leaks_by_label(tmp_path: Path) -> None:
     p = BufferPool("host", root=tmp_path)
     p.acquire_nowait(100, label="stage2:logits")
     kept = p.acquire_nowait(100, label="stage0:conv_out")
@@ -450,7 +454,7 @@ def test_close_reports_leaks_by_label(tmp_path) -> None:
     assert p.leaks()[1].state is BufferState.ACTIVE
     with pytest.raises(BufferLeakError, match="stage2:logits.*stage0:conv_out") as info:
         p.close()
-    assert info.value.labels == ["stage2:logits", "stage0:conv_out"]  # type: ignore[attr-defined]
+    assert info.value.labels == ["stage2:logits", "stage0:conv_out"]
     p.close()  # idempotent, no second report
     with pytest.raises(RuntimeStateError):
         p.acquire_nowait(10)
@@ -461,7 +465,7 @@ def test_close_reports_leaks_by_label(tmp_path) -> None:
 
 
 @pytest.mark.anyio
-async def test_close_fails_waiters(tmp_path) -> None:
+async def test_close_fails_waiters(tmp_path: Path) -> None:
     p = BufferPool("host", capacity_bytes=4096, root=tmp_path)
     held = p.acquire_nowait(4096, label="held")
     errors: list[BaseException] = []
@@ -512,7 +516,7 @@ def test_trim_and_close_give_memory_back(pool: BufferPool) -> None:
     assert pool.statistics().bytes_allocated == 0
 
 
-def test_pools_for_topology(tmp_path) -> None:
+def test_pools_for_topology(tmp_path: Path) -> None:
     topo = Topology.unified(devices=("gpu", "npu"), private=[("npu_sram", MemoryKind.SRAM)])
     pools = pools_for(topo, capacity_bytes={"npu_sram": 1 << 20}, root=tmp_path)
     try:

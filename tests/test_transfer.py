@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -26,11 +27,13 @@ from hetsched._runtime import (
 
 REALTIME, HIGH, NORMAL, BACKGROUND = 0, 1, 2, 3
 CH = "gpu<->host"
+Discrete = tuple[Topology, dict[str, BufferPool]]
+"""The ``discrete`` fixture: a host and a GPU with separate memories, and their pools."""
 
 
 
 @pytest.fixture
-def discrete(tmp_path) -> Iterator[tuple[Topology, dict[str, BufferPool]]]:
+def discrete(tmp_path: Path) -> Iterator[Discrete]:
     topo = Topology.discrete(devices=("gpu",))
     pools = pools_for(topo, root=tmp_path)
     yield topo, pools
@@ -84,6 +87,11 @@ class Recorder:
         return [(a - lo, n) for a, n in self.chunks if lo <= a < hi]
 
 
+def _equals(get: Callable[[], int], want: int) -> Callable[[], bool]:
+    """A condition for :func:`_until` that holds once ``get()`` is ``want`` (bound now, not when called)."""
+    return lambda: get() == want
+
+
 async def _until(pred: Callable[[], bool]) -> None:
     with anyio.fail_after(30):
         while not pred():  # noqa: ASYNC110 -- polls what worker threads change (no event to wait on); bounded by fail_after
@@ -132,7 +140,7 @@ def test_unified_and_discrete_constructors() -> None:
 
 
 @pytest.mark.anyio
-async def test_shared_dram_maps_instead_of_copying(tmp_path) -> None:
+async def test_shared_dram_maps_instead_of_copying(tmp_path: Path) -> None:
     topo = Topology.unified(devices=("npu",))
     pools = pools_for(topo, root=tmp_path)
     rec = Recorder()
@@ -154,7 +162,7 @@ async def test_shared_dram_maps_instead_of_copying(tmp_path) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("n", [0, 1, 4095, 4096, 10_000, 3 * 4096 + 17])
-async def test_separate_memory_copies_in_chunks(discrete, n: int) -> None:
+async def test_separate_memory_copies_in_chunks(discrete: Discrete, n: int) -> None:
     topo, pools = discrete
     rec = Recorder()
     src = pools["host"].acquire_nowait((np.float32, (n // 4, 1)), label="act")
@@ -179,7 +187,7 @@ async def test_separate_memory_copies_in_chunks(discrete, n: int) -> None:
 
 
 @pytest.mark.anyio
-async def test_high_priority_preempts_background_which_resumes_from_its_offset(discrete) -> None:
+async def test_high_priority_preempts_background_which_resumes_from_its_offset(discrete: Discrete) -> None:
     topo, pools = discrete
     chunk, big_n, small_n = 64 << 10, 64 * (64 << 10) + 123, 3 * (64 << 10)
     rec = Recorder()
@@ -224,7 +232,7 @@ async def test_high_priority_preempts_background_which_resumes_from_its_offset(d
 
 
 @pytest.mark.anyio
-async def test_queue_is_priority_then_fifo(discrete) -> None:
+async def test_queue_is_priority_then_fifo(discrete: Discrete) -> None:
     topo, pools = discrete
     rec = Recorder()
     rec.gate_first = True
@@ -245,7 +253,7 @@ async def test_queue_is_priority_then_fifo(discrete) -> None:
                 await _until(lambda: len(rec.chunks) == 1)
                 for k, (src, prio) in enumerate(queued, start=1):
                     tg.start_soon(go, src, prio)
-                    await _until(lambda k=k: eng.statistics().channels[CH].waiting == k)
+                    await _until(_equals(lambda: eng.statistics().channels[CH].waiting, k))
                 rec.gate.set()
         finally:
             rec.gate.set()
@@ -259,7 +267,7 @@ async def test_queue_is_priority_then_fifo(discrete) -> None:
 
 
 @pytest.mark.anyio
-async def test_cancel_mid_transfer_frees_destination_and_channel(discrete) -> None:
+async def test_cancel_mid_transfer_frees_destination_and_channel(discrete: Discrete) -> None:
     topo, pools = discrete
     rec = Recorder()
     rec.gate_first = True
@@ -290,7 +298,7 @@ async def test_cancel_mid_transfer_frees_destination_and_channel(discrete) -> No
 
 
 @pytest.mark.anyio
-async def test_cancel_while_soft_suspended(discrete) -> None:
+async def test_cancel_while_soft_suspended(discrete: Discrete) -> None:
     topo, pools = discrete
     rec = Recorder()
     rec.gate_first = True
@@ -332,7 +340,7 @@ async def test_cancel_while_soft_suspended(discrete) -> None:
 
 
 @pytest.mark.anyio
-async def test_failing_copy_raises_transfer_error_without_leaks(discrete) -> None:
+async def test_failing_copy_raises_transfer_error_without_leaks(discrete: Discrete) -> None:
     topo, pools = discrete
     src = _filled(pools["host"], 20_000, 3, "stage1:out")
 
@@ -349,7 +357,7 @@ async def test_failing_copy_raises_transfer_error_without_leaks(discrete) -> Non
 
 
 @pytest.mark.anyio
-async def test_bad_requests(discrete) -> None:
+async def test_bad_requests(discrete: Discrete) -> None:
     topo, pools = discrete
     src = _filled(pools["host"], 100, 1)
     eng = TransferEngine(topo, pools)
@@ -382,7 +390,7 @@ async def test_bad_requests(discrete) -> None:
 
 
 @pytest.mark.anyio
-async def test_evicted_source_is_restored_and_states_during_copy(discrete) -> None:
+async def test_evicted_source_is_restored_and_states_during_copy(discrete: Discrete) -> None:
     topo, pools = discrete
     src = _filled(pools["host"], 3 * 4096, 9, "parked")
     pools["host"].evict(src)
@@ -410,7 +418,7 @@ async def test_evicted_source_is_restored_and_states_during_copy(discrete) -> No
 
 
 @pytest.mark.anyio
-async def test_destination_budget_applies_backpressure(tmp_path) -> None:
+async def test_destination_budget_applies_backpressure(tmp_path: Path) -> None:
     topo = Topology.discrete(devices=("gpu",))
     pools = pools_for(topo, capacity_bytes={"gpu": 8192}, root=tmp_path)
     srcs = [_filled(pools["host"], 8192, i) for i in range(3)]
@@ -418,14 +426,14 @@ async def test_destination_budget_applies_backpressure(tmp_path) -> None:
     async with TransferEngine(topo, pools, chunk_bytes=4096) as eng:
         async with anyio.create_task_group() as tg:
             for s in srcs:
-                tg.start_soon(lambda s=s: _collect(eng, s, outs))
+                tg.start_soon(_collect, eng, s, outs)
             await _until(lambda: len(outs) == 1)
             await anyio.wait_all_tasks_blocked()
             assert len(outs) == 1 and pools["gpu"].statistics().waiting == 2
             while len(outs) < 3:
                 n = len(outs)
                 outs[n - 1].release()
-                await _until(lambda n=n: len(outs) == n + 1)
+                await _until(_equals(lambda: len(outs), n + 1))
     outs[-1].release()
     for s in srcs:
         s.release()
@@ -440,7 +448,7 @@ async def _collect(eng: TransferEngine, src: TensorBuffer, outs: list[TensorBuff
 
 
 @pytest.mark.anyio
-async def test_many_concurrent_transfers_arrive_intact(discrete) -> None:
+async def test_many_concurrent_transfers_arrive_intact(discrete: Discrete) -> None:
     topo, pools = discrete
     rng = random.Random(42)
     jobs = [(i, rng.choice([0, 1, 100, 4096, 5000, 70_000, 300_000]), rng.randrange(4)) for i in range(300)]
@@ -480,7 +488,7 @@ async def test_many_concurrent_transfers_arrive_intact(discrete) -> None:
 
 
 @pytest.mark.anyio
-async def test_leaving_the_engine_waits_for_transfers_in_other_tasks(discrete) -> None:
+async def test_leaving_the_engine_waits_for_transfers_in_other_tasks(discrete: Discrete) -> None:
     topo, pools = discrete
     rec = Recorder()
     rec.gate_first = True
