@@ -210,7 +210,7 @@ class CpuStage:
                 if last is not None and last[0] is arr and last[2] == arr.shape:
                     continue  # (a bound array cannot be resized: the reference held here forbids it)
                 if not arr.flags.c_contiguous:
-                    arr = np.ascontiguousarray(arr)  # noqa: PLW2901 -- onnxruntime reads dense memory
+                    arr = np.ascontiguousarray(arr)  # onnxruntime reads dense memory
                 ptr = arr.__array_interface__["data"][0]
                 if last is None or last[1] != ptr or last[2] != arr.shape or last[3] != arr.dtype:
                     io.bind_input(name, "cpu", 0, arr.dtype, arr.shape, ptr)

@@ -452,7 +452,7 @@ def test_close_reports_leaks_by_label(tmp_path: Path) -> None:
     p.acquire_nowait(100, label="fine").release()
     assert [lk.label for lk in p.leaks()] == ["stage2:logits", "stage0:conv_out"]
     assert p.leaks()[1].state is BufferState.ACTIVE
-    with pytest.raises(BufferLeakError, match="stage2:logits.*stage0:conv_out") as info:
+    with pytest.raises(BufferLeakError, match=r"stage2:logits.*stage0:conv_out") as info:
         p.close()
     assert info.value.labels == ["stage2:logits", "stage0:conv_out"]
     p.close()  # idempotent, no second report

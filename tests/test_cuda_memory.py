@@ -41,9 +41,9 @@ class _RecordingCudart:
     cudaError_t = types.SimpleNamespace(cudaSuccess=_OK)
     cudaMemcpyKind = types.SimpleNamespace(cudaMemcpyHostToDevice="H2D", cudaMemcpyDeviceToHost="D2H",
                                            cudaMemcpyDeviceToDevice="D2D", cudaMemcpyHostToHost="H2H")
-    cudaHostRegisterPortable = 1  # noqa: N815 - CUDA's names
-    cudaHostRegisterMapped = 2  # noqa: N815
-    cudaStreamNonBlocking = 1  # noqa: N815
+    cudaHostRegisterPortable = 1  # CUDA's names
+    cudaHostRegisterMapped = 2
+    cudaStreamNonBlocking = 1
 
     def __init__(self, priority_range: tuple[int, int] = (0, -5), fail: dict[str, str] | None = None) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -64,10 +64,10 @@ class _RecordingCudart:
     def host_of(self, address: int) -> int:
         return address - _DEVICE_OFFSET if address >= _DEVICE_OFFSET else address
 
-    def cudaSetDevice(self, i: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaSetDevice(self, i: int) -> tuple[Any, ...]:
         return (_OK,)
 
-    def cudaHostRegister(self, base: int, size: int, flags: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaHostRegister(self, base: int, size: int, flags: int) -> tuple[Any, ...]:
         if base in self.registered:
             return ("cudaErrorHostMemoryAlreadyRegistered",)
         self.log.append(("cudaHostRegister", base, size, flags))
@@ -76,11 +76,11 @@ class _RecordingCudart:
         self.registered[base] = (size, flags)
         return (_OK,)
 
-    def cudaHostUnregister(self, base: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaHostUnregister(self, base: int) -> tuple[Any, ...]:
         self.log.append(("cudaHostUnregister", base))
         return (_OK,) if self.registered.pop(base, None) else ("cudaErrorHostMemoryNotRegistered",)
 
-    def cudaHostGetDevicePointer(self, host: int, flags: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaHostGetDevicePointer(self, host: int, flags: int) -> tuple[Any, ...]:
         # cudaMallocHost memory is mapped too (with unified addressing cudaHostAlloc's default is
         # mapped and portable); registered memory only with cudaHostRegisterMapped
         mapped = host in self.pinned or (host in self.registered and self.registered[host][1] & 2)
@@ -96,37 +96,37 @@ class _RecordingCudart:
         self.log.append((call, n))
         return (_OK, ctypes.addressof(buf))
 
-    def cudaMalloc(self, n: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaMalloc(self, n: int) -> tuple[Any, ...]:
         return self._alloc("cudaMalloc", n)
 
-    def cudaMallocHost(self, n: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaMallocHost(self, n: int) -> tuple[Any, ...]:
         out = self._alloc("cudaMallocHost", n)
         self.pinned.add(out[1])
         return out
 
-    def cudaFree(self, p: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaFree(self, p: int) -> tuple[Any, ...]:
         self.log.append(("cudaFree", p))
         self.device.pop(p)
         return (_OK,)
 
-    cudaFreeHost = cudaFree  # noqa: N815
+    cudaFreeHost = cudaFree
 
-    def cudaDeviceGetStreamPriorityRange(self) -> tuple[Any, ...]:  # noqa: N802
+    def cudaDeviceGetStreamPriorityRange(self) -> tuple[Any, ...]:
         return self._result("cudaDeviceGetStreamPriorityRange", *self.range)
 
-    def cudaStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[Any, ...]:  # noqa: N802
+    def cudaStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[Any, ...]:
         name = f"stream{len(self.streams)}"
         self.streams[name] = priority
         return self._result("cudaStreamCreateWithPriority", name)
 
-    def cudaStreamCreate(self) -> tuple[Any, ...]:  # noqa: N802
+    def cudaStreamCreate(self) -> tuple[Any, ...]:
         return self._result("cudaStreamCreate", "ctx-stream")
 
-    def cudaStreamDestroy(self, s: str) -> tuple[Any, ...]:  # noqa: N802
+    def cudaStreamDestroy(self, s: str) -> tuple[Any, ...]:
         self.log.append(("cudaStreamDestroy", s))
         return (_OK,)
 
-    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: str, stream: str) -> tuple[Any, ...]:  # noqa: N802
+    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: str, stream: str) -> tuple[Any, ...]:
         self.log.append(("cudaMemcpyAsync", kind, n, stream))
         if "cudaMemcpyAsync" in self.fail:
             return (self.fail["cudaMemcpyAsync"],)
@@ -135,7 +135,7 @@ class _RecordingCudart:
             self.on_copy()
         return (_OK,)
 
-    def cudaStreamSynchronize(self, s: str) -> tuple[Any, ...]:  # noqa: N802
+    def cudaStreamSynchronize(self, s: str) -> tuple[Any, ...]:
         return self._result("cudaStreamSynchronize", s)
 
     def calls(self, name: str) -> list[tuple[Any, ...]]:

@@ -277,7 +277,7 @@ def _governed_twin(tmp_path: Path) -> tuple[LiveTwin, GovernorEngine, Path]:
 
 
 def test_governor_that_died_left_clocks_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    twin, engine, root = _governed_twin(tmp_path)
+    _twin, engine, root = _governed_twin(tmp_path)
     before_restore = dvfs_knobs(root)
     assert (root / RUN_DIR / SAVED_FILE).is_file() and (root / RUN_DIR / STATE_FILE).is_file()
     # Its process is alive here: the governor is running, nothing is wrong.
@@ -296,7 +296,7 @@ def test_governor_that_died_left_clocks_changed(tmp_path: Path, capsys: pytest.C
 
 
 def test_governor_closed_cleanly_leaves_nothing(tmp_path: Path) -> None:
-    twin, engine, root = _governed_twin(tmp_path)
+    _twin, engine, root = _governed_twin(tmp_path)
     engine.close()
     assert not (root / "run").exists()
     assert _bad(_doctor(root, alive=lambda pid: False), "governor") == []

@@ -16,7 +16,7 @@ from hetsched._errors import BackendUnavailableError, HetschedError, ProfileErro
 
 pytest.importorskip("matplotlib")
 
-from hetsched._cli._plot_render import plot_trace, render_trace  # noqa: E402
+from hetsched._cli._plot_render import plot_trace, render_trace
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DEVICES = ("cpu:0-3", "cpu:4-5", "npu")
@@ -190,7 +190,7 @@ def test_malformed_trace_raises_profile_error_naming_file(tmp_path: Path, conten
 
 
 def test_missing_trace_file_raises_profile_error(tmp_path: Path) -> None:
-    with pytest.raises(ProfileError, match="nowhere.json"):
+    with pytest.raises(ProfileError, match=r"nowhere\.json"):
         load_trace(tmp_path / "nowhere.json")
 
 

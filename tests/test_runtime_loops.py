@@ -128,7 +128,7 @@ async def test_trio_waiter_set_before_waiting_returns_at_once() -> None:
 
 @pytest.mark.parametrize("name", ["curio", "twisted", "../x", ""])
 def test_an_unknown_event_loop_is_named_in_a_clear_error(name: str) -> None:
-    with pytest.raises(UnsupportedEventLoopError, match="unsupported event loop .*asyncio and trio"):
+    with pytest.raises(UnsupportedEventLoopError, match=r"unsupported event loop .*asyncio and trio"):
         get_loop_adapter(name)
 
 

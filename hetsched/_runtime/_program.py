@@ -66,9 +66,9 @@ class StageRuntime:
         "learned",
         "name",
         "output_names",
-        "sid",
         "samples",
         "seconds_fn",
+        "sid",
         "spec",
         "specs",
         "state_alive",
@@ -134,8 +134,22 @@ class Program:
     of a transferred copy.
     """
 
-    __slots__ = ("by_sid", "direct", "feed_xfers", "fed", "generation", "has_transfers", "initial", "inputs",
-                 "missing0", "n_tasks", "outs", "stages", "wanted", "xfers")
+    __slots__ = (
+        "by_sid",
+        "direct",
+        "fed",
+        "feed_xfers",
+        "generation",
+        "has_transfers",
+        "initial",
+        "inputs",
+        "missing0",
+        "n_tasks",
+        "outs",
+        "stages",
+        "wanted",
+        "xfers",
+    )
 
     def __init__(self) -> None:
         self.stages: tuple[StageRuntime, ...] = ()

@@ -132,9 +132,38 @@ class PriorityAdmission:
 class Request:
     """One request in flight: its values, readiness counters and the references it owes."""
 
-    __slots__ = ("admitted", "closed", "copy_out", "deadline", "done", "ended", "energy_j", "error", "event", "feeds",
-                 "finished_at", "flagged", "gen", "key", "lock", "missing", "owed", "parked", "priority", "program",
-                 "remaining", "rem", "result", "retries", "rid", "running", "sink", "tenant", "vals", "work")
+    __slots__ = (
+        "admitted",
+        "closed",
+        "copy_out",
+        "deadline",
+        "done",
+        "ended",
+        "energy_j",
+        "error",
+        "event",
+        "feeds",
+        "finished_at",
+        "flagged",
+        "gen",
+        "key",
+        "lock",
+        "missing",
+        "owed",
+        "parked",
+        "priority",
+        "program",
+        "rem",
+        "remaining",
+        "result",
+        "retries",
+        "rid",
+        "running",
+        "sink",
+        "tenant",
+        "vals",
+        "work",
+    )
 
     def __init__(self, rid: int, priority: int, key: float, program: Program, feeds: Mapping[str, Any], waiter: Any,
                  copy_out: bool = True, tenant: Tenant | None = None):
