@@ -23,8 +23,8 @@ is replayed in the twin's *board* time (``benchmarks/_board_replay.py``: each st
 lone time, memory time and energy from the twin, the twin's contention model for runs in
 flight at once), so the figures do not depend on this host's speed. The replay models the
 three serving disciplines; it is not a run of the Runtime's code (``"serving"`` in the JSON
-says which). **The same mix is also served by the real code** (``--pace K``, default 8; 0: replay
-only): ``Session`` s, one ``hetsched.Runtime`` with FIFO queues (``Scheduling(priorities=False)``) and
+says which). **The same mix is also served by the real code** (``--pace K``, default 16: two runs
+agreed within 0-9 % on this 2-core host at load average ~10, K = 8 did only at load ~6; 0: replay only): ``Session`` s, one ``hetsched.Runtime`` with FIFO queues (``Scheduling(priorities=False)``) and
 one with hetsched's scheduler, on the twin's devices in the sim backend's paced mode
 (``benchmarks/_paced_serving.py``: each stage run held K x its modelled board time with the
 contention model's sharing, outputs **not computed**; the runtime reads the host clock / K, so
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-result", type=int, default=3, help="classifier requests per detector result")
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--no-threads", action="store_true", help="skip opening real sessions to count threads")
-    ap.add_argument("--pace", type=float, default=8.0,
+    ap.add_argument("--pace", type=float, default=16.0,
                     help="also serve each case with the real Session/Runtime code on the twin paced K times slower "
                          "than board time (0: replay only)")
     ap.add_argument("--paced-seconds", type=float, default=3.0, help="board seconds per paced run")
