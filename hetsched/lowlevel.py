@@ -17,6 +17,7 @@ needs on a board without power sensors (``power_estimator_for``)::
 The classes show as ``hetsched.lowlevel.X`` in reprs and docs.
 """
 
+import contextlib as _contextlib
 import importlib as _importlib
 import typing as _typing
 
@@ -117,10 +118,8 @@ if not _typing.TYPE_CHECKING:
         obj = getattr(_importlib.import_module(module, "hetsched"), name)
         # Show the class as hetsched.lowlevel.X in reprs and docs.
         if (getattr(obj, "__module__", None) or "").startswith("hetsched._"):
-            try:
+            with _contextlib.suppress(AttributeError, TypeError):
                 obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
         globals()[name] = obj
         return obj
 

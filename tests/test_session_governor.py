@@ -46,9 +46,8 @@ async def test_idle_only_when_nothing_is_in_flight() -> None:
 
     rec = Recorder()
     async with hetsched.Session(_model(), devices=["cpu:0", "cpu:1"], policy="random:3", max_unit_nodes=1,
-                                governor=rec) as s:
-        async with anyio.create_task_group() as tg:
-            for _ in range(20):
-                tg.start_soon(s.run, {"x": np.ones(8, np.float32)})
+                                governor=rec) as s, anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(s.run, {"x": np.ones(8, np.float32)})
     assert rec.phases[-1] == Phase.IDLE
     assert rec.phases.count(Phase.IDLE) <= rec.phases.count(Phase.PREPROCESS)

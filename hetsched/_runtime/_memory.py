@@ -16,6 +16,7 @@ GPU's memory) maps its slabs with ``cudaMalloc`` instead (backing ``"cuda"``,
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -249,11 +250,9 @@ class _Slab:
             forget_shared(self)
         HOST_MAPPINGS.remove(self.ptr, self.size)  # unregistered from CUDA before the munmap
         self.base = None
-        try:
+        # BufferError: someone still holds a numpy view; the mapping lives on until that view dies.
+        with contextlib.suppress(BufferError):
             self.mm.close()
-        except BufferError:
-            # Someone still holds a numpy view: the mapping lives on until that view dies.
-            pass
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -12,6 +12,7 @@ worker.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import queue
 import threading
@@ -182,10 +183,8 @@ class DeviceWorkers:
         with it. A failure here is no request's: the next run of ``st`` meets it."""
         if st in self._local.states:
             return
-        try:
+        with contextlib.suppress(Exception):
             self.state_for(st)
-        except Exception:
-            pass
 
     def _drop_state(self, st: StageRuntime) -> None:
         """Forget and close this thread's state of ``st`` (a dead context; worker thread only).
