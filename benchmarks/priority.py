@@ -43,7 +43,7 @@ from hetsched.lowlevel import Topology, rate_limited_copy
 from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _light import folded, random_feeds  # noqa: E402
+from _light import folded, random_feeds
 
 
 def p99(v: list[float]) -> float:

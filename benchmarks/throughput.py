@@ -68,7 +68,7 @@ from hetsched.lowlevel import pin_current_thread
 from hetsched.policies import Pinned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _light import folded, random_feeds  # noqa: E402
+from _light import folded, random_feeds
 
 
 def ort_all_threads(sess: ort.InferenceSession, feeds: dict[str, Any], n: int) -> float:

@@ -152,7 +152,7 @@ async def test_plain_run_copies_each_output_exactly_once_and_zero_copy_not_at_al
         out.release()  # idempotent
         assert out.released and _live(s) == 0
         with pytest.raises(RuntimeStateError, match="released"):
-            out["y"]  # noqa: B018
+            out["y"]
         np.testing.assert_allclose(kept["y"], plain["y"])
         with await s.run({"x": x}, zero_copy=True) as out2:
             assert _live(s) == 2

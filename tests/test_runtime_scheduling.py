@@ -252,10 +252,9 @@ async def test_stages_of_different_requests_overlap_on_different_devices() -> No
                 busy[key[1]].append((self.t[key] - 0.02, time.perf_counter()))
 
     async with Session(model, devices=["cpu:0", "cpu:1"], policy=pol, max_unit_nodes=1,
-                       hooks=[order, Spans()]) as s:
-        async with anyio.create_task_group() as tg:
-            for i in range(6):
-                tg.start_soon(s.run, {"x": _x(i)})
+                       hooks=[order, Spans()]) as s, anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(s.run, {"x": _x(i)})
     # each device ran one stage at a time ...
     assert order.max_active == {"cpu:0": 1, "cpu:1": 1}
     # ... while the other device worked on another request's stage at the same time
@@ -343,10 +342,9 @@ async def test_per_core_workers_run_several_stages_of_one_device_at_once() -> No
             gate.wait()  # only returns once two stages are running on the device at once
 
     dev = Device(name="cpus", cpus=(0, 1), options={"workers": "per-core"})
-    async with Session(_two_stage(), devices=[dev], hooks=[order, Meet()]) as s:
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(s.run, {"x": _x(i)})
+    async with Session(_two_stage(), devices=[dev], hooks=[order, Meet()]) as s, anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(s.run, {"x": _x(i)})
     assert order.max_active["cpus"] == 2
     names = {t.name for t in threading.enumerate()}
     assert not any(n.startswith("hetsched-") for n in names)

@@ -212,7 +212,7 @@ async def test_a_failing_copy_fails_only_its_request() -> None:
 
 @pytest.mark.anyio
 async def test_a_device_domain_missing_from_the_topology_is_named() -> None:
-    with pytest.raises(TransferError, match="'acc'.*memory domain 'acc'"):
+    with pytest.raises(TransferError, match=r"'acc'.*memory domain 'acc'"):
         async with Session(_model(), devices=[HOST, ACC], memory=hetsched.Memory(topology=Topology.host_only())):
             pass
 

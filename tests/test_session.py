@@ -90,7 +90,7 @@ def no_leaked_threads() -> Iterator[None]:
 @pytest.mark.anyio
 async def test_missing_file(tmp_path: Path, no_leaked_threads: None) -> None:
     path = tmp_path / "nope.onnx"
-    with pytest.raises(ModelNotFoundError, match="nope.onnx") as info:
+    with pytest.raises(ModelNotFoundError, match=r"nope\.onnx") as info:
         async with Session(path, devices=DEVICES):
             pass
     assert isinstance(info.value, FileNotFoundError)
@@ -120,7 +120,7 @@ async def test_an_embedded_model_name_opens_like_the_cli_s() -> None:
 async def test_not_onnx_bytes(tmp_path: Path, data: bytes, no_leaked_threads: None) -> None:
     path = tmp_path / "junk.onnx"
     path.write_bytes(data)
-    with pytest.raises(ModelFormatError, match="junk.onnx"):
+    with pytest.raises(ModelFormatError, match=r"junk\.onnx"):
         async with Session(path, devices=DEVICES):
             pass
     with pytest.raises(ModelFormatError):
@@ -221,7 +221,7 @@ def test_sync_session(no_leaked_threads: None) -> None:
     with SyncSession(_small(), devices=DEVICES, max_unit_nodes=2, policy="heft") as s:
         out = s.run({"x": x})
         np.testing.assert_allclose(out["y"], _expected(x)[0], rtol=1e-6)
-        y, r = s.run(None, {"x": x})
+        _y, r = s.run(None, {"x": x})
         np.testing.assert_array_equal(r, _expected(x)[1])
         with pytest.raises(InputError, match="'x'"):
             s.run({"x": x.astype(np.int32)})

@@ -423,17 +423,16 @@ async def test_destination_budget_applies_backpressure(tmp_path: Path) -> None:
     pools = pools_for(topo, capacity_bytes={"gpu": 8192}, root=tmp_path)
     srcs = [_filled(pools["host"], 8192, i) for i in range(3)]
     outs: list[TensorBuffer] = []
-    async with TransferEngine(topo, pools, chunk_bytes=4096) as eng:
-        async with anyio.create_task_group() as tg:
-            for s in srcs:
-                tg.start_soon(_collect, eng, s, outs)
-            await _until(lambda: len(outs) == 1)
-            await anyio.wait_all_tasks_blocked()
-            assert len(outs) == 1 and pools["gpu"].statistics().waiting == 2
-            while len(outs) < 3:
-                n = len(outs)
-                outs[n - 1].release()
-                await _until(_equals(lambda: len(outs), n + 1))
+    async with TransferEngine(topo, pools, chunk_bytes=4096) as eng, anyio.create_task_group() as tg:
+        for s in srcs:
+            tg.start_soon(_collect, eng, s, outs)
+        await _until(lambda: len(outs) == 1)
+        await anyio.wait_all_tasks_blocked()
+        assert len(outs) == 1 and pools["gpu"].statistics().waiting == 2
+        while len(outs) < 3:
+            n = len(outs)
+            outs[n - 1].release()
+            await _until(_equals(lambda: len(outs), n + 1))
     outs[-1].release()
     for s in srcs:
         s.release()
