@@ -69,7 +69,8 @@ class Lifecycle:
                  calibration: Iterable[Mapping[str, Any]] | None, adaptation: Adaptation,
                  runtime: Runtime | None, scheduling: Scheduling, memory: Memory, name: str | None,
                  weight: float, slo_s: float | None, max_in_flight: int, trace: SessionTrace | None,
-                 energy: Callable[[], float | None], governor: Any, priority: int):
+                 energy: Callable[[], float | None], governor: Any, priority: int,
+                 rate_hz: float | None = None):
         self.source = source
         self._device_specs = devices
         self._policy = policy
@@ -91,6 +92,7 @@ class Lifecycle:
         self._slo_s = slo_s
         self._max_in_flight = max_in_flight
         self.priority = priority
+        self.rate_hz = rate_hz  # the offered requests/s the session declared (None: unknown)
         self.trace = trace
         self._energy = energy
         power_budget = adaptation.power_budget_w
@@ -309,7 +311,8 @@ class Lifecycle:
         def build(refused: Mapping[tuple[str, str], str]) -> Plan:
             return build_plan(index, devices, policy, max_unit_nodes=self._max_unit_nodes, refused=refused,
                               device_states=states, costs=self.costs if use_costs else None,
-                              reservations=reservations, priority=self.priority, slo_s=self._slo_s)
+                              reservations=reservations, priority=self.priority, slo_s=self._slo_s,
+                              rate_hz=self.rate_hz)
 
         if self._calibration_feeds is not None and self._calibration is None:
             from .._rknn.calibrate import CalibrationSet

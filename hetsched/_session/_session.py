@@ -138,6 +138,12 @@ class Session:
         that can no longer meet it is flagged and counted), never a cancellation. None: no SLO.
     :param priority: the default :class:`Priority` of the session's requests (``run()`` and
         ``map()`` take their own); joint placement weighs the other sessions' load by it.
+    :param rate_hz: the requests per second the session is expected to be offered (an open
+        loop: a camera's fps, a classifier's fps x crops per frame); None (default): unknown or
+        a closed loop. Given to placement (``build_plan(rate_hz=)``, also at every re-plan and
+        re-placement): a model without an SLO whose offered load fits beside the load the
+        runtime's more urgent sessions reserve keeps its cheapest device instead of being
+        placed for latency away from them. Not a rate limit: requests are never paced by it.
     :param weight: the session's share of the devices against other sessions' requests of the
         same class without SLO (weighted fair queuing; 1.0 each by default).
     :param name: the session's name in the runtime's statistics (default: the model's file
@@ -148,7 +154,7 @@ class Session:
         ``runtime=``.
     :param adaptation: re-planning, the background compile, learned costs, the power budget
         and device states fed to the policy (:class:`hetsched.Adaptation`).
-    :raises ValueError: a bad ``max_in_flight``, ``slo_s`` or ``weight``; ``scheduling``,
+    :raises ValueError: a bad ``max_in_flight``, ``slo_s``, ``rate_hz`` or ``weight``; ``scheduling``,
         ``memory``, ``governor``, ``root`` or ``clock`` given with a ``runtime`` they would contradict.
     :raises ModelError: the model could not be loaded (on ``__aenter__``), or a calibration feed
         misses a graph input.
@@ -177,6 +183,7 @@ class Session:
         runtime: Runtime | None = None,
         slo_s: float | None = None,
         priority: Priority | int = Priority.NORMAL,
+        rate_hz: float | None = None,
         weight: float = 1.0,
         name: str | None = None,
         scheduling: Scheduling | None = None,
@@ -187,6 +194,9 @@ class Session:
             raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
         if slo_s is not None and not (isinstance(slo_s, (int, float)) and 0 < slo_s < float("inf")):
             raise ValueError(f"slo_s must be a positive number of seconds or None, got {slo_s!r}")
+        if rate_hz is not None and (isinstance(rate_hz, bool) or not isinstance(rate_hz, (int, float))
+                                    or not 0 < rate_hz < float("inf")):
+            raise ValueError(f"rate_hz must be a positive number of requests per second or None, got {rate_hz!r}")
         if not (isinstance(weight, (int, float)) and 0 < weight < float("inf")):
             raise ValueError(f"weight must be a positive number, got {weight!r}")
         if not isinstance(adaptation, Adaptation):
@@ -240,7 +250,7 @@ class Session:
             scheduling=scheduling if scheduling is not None else Scheduling(),
             memory=memory if memory is not None else Memory(), name=name, weight=float(weight), slo_s=slo_s,
             max_in_flight=max_in_flight, trace=self._trace, energy=self._energy_j, governor=governor,
-            priority=self._priority)
+            priority=self._priority, rate_hz=None if rate_hz is None else float(rate_hz))
 
     # -- lifecycle ----------------------------------------------------------------------
 
