@@ -16,7 +16,7 @@ no threads outlive a call.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -62,7 +62,7 @@ class HetschedBackendRep(_OnnxBackendRep):
 class HetschedBackend(_OnnxBackend):
     """hetsched as an ONNX backend, on the default devices (the host's CPU clusters)."""
 
-    options: dict[str, Any] = {}
+    options: ClassVar[dict[str, Any]] = {}  # backend_for() makes a subclass with its own
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:

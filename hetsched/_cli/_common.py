@@ -360,7 +360,7 @@ def format_duration(seconds: float) -> str:
         return f"{s:.1f} s"
     if s < 60:
         return f"{s:.0f} s"
-    whole = int(round(s))
+    whole = round(s)
     h, rest = divmod(whole, 3600)
     m, sec = divmod(rest, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
