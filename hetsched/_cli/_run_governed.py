@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -36,6 +36,9 @@ from .._errors import HetschedError, PlatformError
 from .._platform.power import TOTAL_RAIL_NAMES
 from .._platform.telemetry import Telemetry
 from ._common import Progress
+
+if TYPE_CHECKING:
+    from .._session._session import Session
 
 T = TypeVar("T")
 
@@ -57,16 +60,13 @@ class Paced:
     """Requests that started late because the one before overran its frame (host time)."""
 
 
-def modelled_seconds(session: Any) -> float | None:
-    """Sum of the modelled seconds of every stage run so far, or None where no stage models time."""
-    total = 0.0
-    found = False
-    for x in session.stage_statistics().values():
-        t = getattr(x, "modelled_time_s", None)
-        if t is not None:
-            total += float(t)
-            found = True
-    return total if found else None
+def modelled_seconds(session: Session) -> float | None:
+    """Sum of the modelled seconds of every stage run so far (the session's modelled busy seconds
+    per device, plans already closed included), or None where no stage models time."""
+    st = session.statistics()
+    if st.energy_source != "modelled":
+        return None
+    return float(sum(st.device_busy_s.values()))
 
 
 class BoardEnergy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -123,10 +123,44 @@ def compile_time_accuracy(stage: Any, data: bytes, calibration: Any, stored: Sta
         return None  # no reference, not a failure
 
 
-def stage_accuracy(session: Any) -> dict[str, StageAccuracy]:
+class _ProbedStatistics(Protocol):
+    @property
+    def accuracy(self) -> object: ...
+
+
+class _Probed(Protocol):
+    def statistics(self) -> _ProbedStatistics: ...
+
+
+class _StageHooks(Protocol):
+    @property
+    def accuracy(self) -> _Probed | None: ...
+
+
+class _StageSpec(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _CompiledStage(Protocol):
+    @property
+    def hooks(self) -> _StageHooks: ...
+
+    @property
+    def spec(self) -> _StageSpec: ...
+
+
+class _OpenSession(Protocol):
+    """What :func:`stage_accuracy` reads of a session: its compiled stages (``Session._stages``)."""
+
+    @property
+    def _stages(self) -> Sequence[_CompiledStage]: ...
+
+
+def stage_accuracy(session: _OpenSession) -> dict[str, StageAccuracy]:
     """``{stage name: accuracy}`` of an open session's stages that measured one (NPU stages)."""
     out: dict[str, StageAccuracy] = {}
-    for st in getattr(session, "_stages", ()):
+    for st in session._stages:
         probed = st.hooks.accuracy  # a twin RKNN stage declares the RknnStage it wraps
         acc = probed.statistics().accuracy if probed is not None else None
         if isinstance(acc, StageAccuracy):
