@@ -91,11 +91,15 @@ async def serve(mode: Mode, nets: Mapping[str, onnx.ModelProto], feeds: Mapping[
             rt = await stack.enter_async_context(Runtime(
                 devices=devices, clock=clock,
                 scheduling=Scheduling(priorities=mode is Mode.RUNTIME_SCHEDULED, aging_s=aging_s)))
+        rates = {s.name: float(s.rate_hz) for s in mix}  # each stream's offered requests/s (0: closed loop)
         for s in sorted(mix, key=lambda s: s.priority):  # most urgent first: joint placement sees the earlier
+            if s.fed_by is not None:
+                rates[s.name] = rates[s.fed_by] * s.per_result
             kw: dict[str, Any] = {"runtime": rt} if rt is not None else {
                 "devices": devices, "clock": clock, "scheduling": Scheduling(aging_s=aging_s)}
             sessions[s.name] = await stack.enter_async_context(
-                Session(nets[_model_of(s.name)], name=s.name, priority=Priority(s.priority), slo_s=s.slo_s, **kw))
+                Session(nets[_model_of(s.name)], name=s.name, priority=Priority(s.priority), slo_s=s.slo_s,
+                        rate_hz=rates[s.name] or None, **kw))
         for s in mix:  # one request each before the window (first-run setup off the clock)
             await sessions[s.name].run(feeds[_model_of(s.name)])
         t0 = clock.monotonic()

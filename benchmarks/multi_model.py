@@ -424,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "(benchmarks/_board_replay.py), not a run of the Runtime's code",
                                           "paced": ("runtime code, paced twin: the real Session/Runtime/scheduler "
                                                     f"on twin devices paced {args.pace:g}x board time, outputs not "
-                                                    "computed (zeros), latencies = host seconds / K"
+                                                    "computed (zeros), latencies = host seconds / K; each open-loop "
+                                                    "session given its offered rate (Session(rate_hz=): detector fps, "
+                                                    "classifier fps x per-result)"
                                                     if args.pace else None)},
                               "mix": [dataclasses.asdict(s) for s in streams(1, args.per_result, args.fps)],
                               "seconds": args.seconds, "boards": {}}

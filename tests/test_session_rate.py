@@ -54,10 +54,10 @@ async def test_an_offered_rate_that_fits_keeps_the_classifier_on_the_npu(
         monkeypatch.setattr(rt, "reservations", lambda except_session=None: (detector,))
         async with Session(model, runtime=rt, name="known", rate_hz=90.0) as known, \
                 Session(model, runtime=rt, name="unknown") as unknown:
-            assert known.plan.problem.rate_hz == 90.0  # type: ignore[attr-defined]
+            assert known.plan.problem.rate_hz == 90.0
             assert {s.device for s in known.plan.stages} == {"npu"}
             # without a rate: the old behaviour, placed for latency away from the detector
-            assert unknown.plan.problem.rate_hz is None  # type: ignore[attr-defined]
+            assert unknown.plan.problem.rate_hz is None
             assert "npu" not in {s.device for s in unknown.plan.stages}
             out = await known.run({model.graph.input[0].name: x})
             assert next(iter(out.values())).shape == (1, 2)
