@@ -451,12 +451,12 @@ class Runtime:
         from .._errors import HetschedError
 
         self.scheduler  # noqa: B018 (raises when not open)
-        self._replacements.append(reason)
         for e in list(self._attached):
             if e.replan is None or e not in self._attached or e.name in skip:
                 continue
             with contextlib.suppress(HetschedError):  # counted by the session; its plan stays
                 await e.replan(f"placement: {reason}")
+        self._replacements.append(reason)  # once done: every session's re-plan is in its history
 
     # -- lifecycle ----------------------------------------------------------------------------
 
