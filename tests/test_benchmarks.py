@@ -45,7 +45,7 @@ SMOKE: dict[str, tuple[list[str], set[str]]] = {
     "failover_probe.py": (["--replan-requests", "800", "--context-requests", "400", "--kills", "4"],
                           {"requests", "completed", "failed_promised_retry", "lost", "wrong", "scenarios"}),
     "startup.py": (["--runs", "1"], {"import_ratio", "info_cpu_s", "meets_target"}),
-    "multi_model.py": (["--boards", "orin-nx", "--seconds", "2", "--background", "1", "8", "--no-threads"],
+    "multi_model.py": (["--boards", "orin-nx", "--seconds", "2", "--background", "1", "8", "--no-threads", "--pace", "0"],
                        {"boards", "serving", "targets", "mix"}),
     "real_models.py": (["--models", "ppocr_cls", "--targets", "host", "orin-nx"],
                        {"runs_all", "stages", "min_cosine", "estimate_vs_modelled_range", "rows"}),
