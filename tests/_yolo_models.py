@@ -11,6 +11,8 @@ Output ``output0``: ``[batch, 4 + classes, anchors]`` (boxes in pixels, class sc
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -38,7 +40,7 @@ def yolov8_style(seed: int = 0, *, dynamic: bool = True) -> onnx.ModelProto:
         inits.append(numpy_helper.from_array(np.asarray(value), n))
         return n
 
-    def node(op: str, inputs: list[str], n_out: int = 1, **attrs: object) -> list[str]:
+    def node(op: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
         base = name(op)
         outs = [f"{base}_output_{k}" for k in range(n_out)]
         nodes.append(helper.make_node(op, inputs, outs, name=base, **attrs))

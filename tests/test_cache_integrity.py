@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from hetsched._rknn.cache import CompileCache, Verdict, stage_key
 from hetsched._rknn.manifest import ManifestEntry, board_rknn_path, model_sha256, write_manifest
 from hetsched.backends._tensorrt_cache import EngineCache
 
-BASE = {"toolkit_version": "2.5.0", "target": "rk3588", "float_dtype": "float16"}
+BASE: dict[str, Any] = {"toolkit_version": "2.5.0", "target": "rk3588", "float_dtype": "float16"}
 MODEL = b"\x08\x07" + bytes(range(200))  # stands for a prepared, serialized stage
 
 
@@ -39,7 +40,7 @@ def _same_size_tamper(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_onnx_changed_in_place_with_the_same_size_is_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+def test_onnx_changed_in_place_with_the_same_size_is_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache = CompileCache(tmp_path / "c")
     key = _converted(cache)
     onnx = cache.onnx_path(key)
@@ -51,7 +52,7 @@ def test_onnx_changed_in_place_with_the_same_size_is_replaced(tmp_path: Path, ca
     assert any(str(onnx) in r.getMessage() and "sha256" in r.getMessage() for r in caplog.records)
 
 
-def test_rknn_changed_in_place_is_a_miss_and_converted_again(tmp_path: Path):
+def test_rknn_changed_in_place_is_a_miss_and_converted_again(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "c")
     key = _converted(cache)
     assert cache.lookup(key) is not None
@@ -63,7 +64,7 @@ def test_rknn_changed_in_place_is_a_miss_and_converted_again(tmp_path: Path):
     assert cache.lookup(key) is not None
 
 
-def test_cached_files_replaced_by_links_are_never_followed(tmp_path: Path):
+def test_cached_files_replaced_by_links_are_never_followed(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     cache = CompileCache(tmp_path / "c")
@@ -82,7 +83,7 @@ def test_cached_files_replaced_by_links_are_never_followed(tmp_path: Path):
     assert cache.statistics().rejected == 2
 
 
-def test_a_linked_cache_subfolder_gets_nothing_written_outside(tmp_path: Path):
+def test_a_linked_cache_subfolder_gets_nothing_written_outside(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     cache = CompileCache(tmp_path / "c")
@@ -100,7 +101,7 @@ def test_a_linked_cache_subfolder_gets_nothing_written_outside(tmp_path: Path):
     assert cache.statistics().rejected >= 1
 
 
-def test_a_cached_refusal_says_it_is_cached_and_names_its_file(tmp_path: Path):
+def test_a_cached_refusal_says_it_is_cached_and_names_its_file(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "c")
     key = stage_key(MODEL, **BASE)
     cache.store(key, Verdict(False, "Not support 'Dropout' of opset-9!", 0.2, "2.5.0", "rk3588"))
@@ -122,7 +123,7 @@ def _manifest(tmp_path: Path) -> tuple[Path, str]:
     return out, key
 
 
-def test_the_board_verifies_its_rknn_against_the_manifest(tmp_path: Path):
+def test_the_board_verifies_its_rknn_against_the_manifest(tmp_path: Path) -> None:
     out, key = _manifest(tmp_path)
     assert board_rknn_path(out, MODEL, target="rk3588") == out / key[:2] / f"{key}.rknn"
     _same_size_tamper(out / key[:2] / f"{key}.rknn")
@@ -130,7 +131,7 @@ def test_the_board_verifies_its_rknn_against_the_manifest(tmp_path: Path):
         board_rknn_path(out, MODEL, target="rk3588")
 
 
-def test_the_board_never_loads_an_rknn_through_a_link(tmp_path: Path):
+def test_the_board_never_loads_an_rknn_through_a_link(tmp_path: Path) -> None:
     out, key = _manifest(tmp_path)
     rknn = out / key[:2] / f"{key}.rknn"
     elsewhere = tmp_path / "elsewhere.rknn"
@@ -142,7 +143,7 @@ def test_the_board_never_loads_an_rknn_through_a_link(tmp_path: Path):
     assert elsewhere.exists()
 
 
-def test_the_manifest_records_each_rknn_sha256(tmp_path: Path):
+def test_the_manifest_records_each_rknn_sha256(tmp_path: Path) -> None:
     out, key = _manifest(tmp_path)
     data = json.loads((out / "manifest.json").read_text())
     import hashlib
@@ -153,7 +154,7 @@ def test_the_manifest_records_each_rknn_sha256(tmp_path: Path):
 # -- TensorRT ------------------------------------------------------------------------------------
 
 
-def test_an_engine_changed_in_place_is_a_miss(tmp_path: Path):
+def test_an_engine_changed_in_place_is_a_miss(tmp_path: Path) -> None:
     cache = EngineCache(tmp_path / "t")
     key = "ab" * 32
     cache.store(key, b"ENGINE" * 50, "", 1.0)
@@ -163,7 +164,7 @@ def test_an_engine_changed_in_place_is_a_miss(tmp_path: Path):
     assert cache.statistics().rejected == 1
 
 
-def test_an_engine_replaced_by_a_link_is_not_followed(tmp_path: Path):
+def test_an_engine_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
     cache = EngineCache(tmp_path / "t")
     key = "cd" * 32
     cache.store(key, b"ENGINE", "", 1.0)
@@ -175,7 +176,7 @@ def test_an_engine_replaced_by_a_link_is_not_followed(tmp_path: Path):
     assert elsewhere.read_bytes() == b"ENGINE"
 
 
-def test_a_linked_engine_subfolder_gets_nothing_written_outside(tmp_path: Path):
+def test_a_linked_engine_subfolder_gets_nothing_written_outside(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     key = "ef" * 32
@@ -187,7 +188,7 @@ def test_a_linked_engine_subfolder_gets_nothing_written_outside(tmp_path: Path):
     assert cache.lookup(key) == b"ENGINE"
 
 
-def test_a_cached_engine_refusal_says_it_is_cached(tmp_path: Path):
+def test_a_cached_engine_refusal_says_it_is_cached(tmp_path: Path) -> None:
     cache = EngineCache(tmp_path / "t")
     key = "12" * 32
     cache.store(key, None, "unsupported op NonZero", 0.5)
@@ -196,7 +197,7 @@ def test_a_cached_engine_refusal_says_it_is_cached(tmp_path: Path):
     assert msg.endswith("unsupported op NonZero")
 
 
-def test_nothing_is_left_but_the_entries(tmp_path: Path):
+def test_nothing_is_left_but_the_entries(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "c")
     key = _converted(cache)
     names = sorted(os.listdir(tmp_path / "c" / key[:2]))
@@ -219,7 +220,7 @@ def _calibration_set():  # type: ignore[no-untyped-def]
     return CalibrationSet(model, [{"x": np.full((1, 4), k, np.float32)} for k in range(3)])
 
 
-def test_the_calibration_dataset_is_verified_and_written_inside_the_cache(tmp_path: Path):
+def test_the_calibration_dataset_is_verified_and_written_inside_the_cache(tmp_path: Path) -> None:
     import numpy as np
 
     cal = _calibration_set()

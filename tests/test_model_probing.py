@@ -229,7 +229,7 @@ async def test_a_stage_of_unknown_output_rank_runs_unbound_from_the_start(capfd:
     async with Session(model, devices=DEVICES, policy=_alternate(["relu", "reshape", "neg"]),
                        max_unit_nodes=1) as s:
         for shape in ([3, 4], [2, 6], [6, 2], [3, 4]):
-            feeds = {"x": x, "s": np.array(shape, np.int64)}
+            feeds: dict[str, np.ndarray] = {"x": x, "s": np.array(shape, np.int64)}
             out = await s.run(feeds)
             np.testing.assert_array_equal(out["y"], _ort(model, feeds)[0])
         st = s.statistics()

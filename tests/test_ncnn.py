@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -77,7 +78,7 @@ def cache(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("precision, floor", [("fp32", 0.99999), ("fp16", 0.999)])
-def test_a_stage_converts_probes_and_runs_like_onnxruntime(cache: Path, precision: str, floor: float):
+def test_a_stage_converts_probes_and_runs_like_onnxruntime(cache: Path, precision: str, floor: float) -> None:
     model = _two_in_two_out()
     backend = NcnnBackend()
     stage = backend.compile(model, _dev(cache, precision=precision), name="s")
@@ -105,14 +106,14 @@ def test_a_stage_converts_probes_and_runs_like_onnxruntime(cache: Path, precisio
         stage.close()
 
 
-def test_inputs_whose_channels_ncnn_pads_are_copied_into_its_layout_once(cache: Path):
+def test_inputs_whose_channels_ncnn_pads_are_copied_into_its_layout_once(cache: Path) -> None:
     """A 13x13 channel is 676 bytes; ncnn's layers read channels 16-byte aligned (cstep 172 floats),
     so a wrapped array would be read skewed: such an input is copied once (counted), and right."""
     rng = np.random.default_rng(4)
     w = numpy_helper.from_array(rng.standard_normal((4, 8, 1, 1)).astype(np.float32), "W")
     m = _model([helper.make_node("Conv", ["x", "W"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 8, 13, 13])],
                [helper.make_tensor_value_info("y", F, [1, 4, 13, 13])], [w])
-    stage = NcnnBackend().compile(m, _dev(cache), name="odd")
+    stage = cast(NcnnStage, NcnnBackend().compile(m, _dev(cache), name="odd"))
     try:
         x = rng.standard_normal((1, 8, 13, 13)).astype(np.float32)
         before = stage.statistics().input_copies
@@ -123,7 +124,7 @@ def test_inputs_whose_channels_ncnn_pads_are_copied_into_its_layout_once(cache: 
         stage.close()
 
 
-def test_a_bad_input_fails_the_run_not_the_stage(cache: Path):
+def test_a_bad_input_fails_the_run_not_the_stage(cache: Path) -> None:
     stage = NcnnBackend().compile(_two_in_two_out(), _dev(cache), name="s")
     try:
         from hetsched import StageExecutionError
@@ -137,7 +138,7 @@ def test_a_bad_input_fails_the_run_not_the_stage(cache: Path):
         stage.run(_feeds())
 
 
-def test_the_silent_pnnx_cases_are_refused_before_conversion(cache: Path):
+def test_the_silent_pnnx_cases_are_refused_before_conversion(cache: Path) -> None:
     backend = NcnnBackend()
     pool = _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[0, 0, 1, 1])],
                   [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])],
@@ -165,7 +166,7 @@ def _softmax9(gap: bool = True) -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", F, [1, 10, 1, 1])], [w], opset=9)
 
 
-def test_opset9_softmax_on_a_4d_tensor_is_raised_to_opset13_and_right(cache: Path):
+def test_opset9_softmax_on_a_4d_tensor_is_raised_to_opset13_and_right(cache: Path) -> None:
     """pnnx converts opset-9 Softmax on [1,C,1,1] (squeezenet's tail) to a softmax over a size-1
     axis (every value ~1) and exits 0; the backend raises the stage to opset 13 first."""
     m9 = _softmax9(gap=True)
@@ -180,7 +181,7 @@ def test_opset9_softmax_on_a_4d_tensor_is_raised_to_opset13_and_right(cache: Pat
         stage.close()
 
 
-def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figures(cache: Path):
+def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figures(cache: Path) -> None:
     """Measured: pnnx infers the batch axis from the ops it sees; Relu then Concat(axis=1) over a raw
     input fixes none, so ncnn concatenates along h (pnnx exits 0). The compile-time probe refuses
     it (never run), with the figures, and the refusal is cached."""
@@ -202,11 +203,11 @@ def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figure
         stage.close()
 
 
-def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entries(cache: Path, tmp_path: Path):
+def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entries(cache: Path, tmp_path: Path) -> None:
     model = _two_in_two_out()
     backend = NcnnBackend()
     backend.compile(model, _dev(cache), name="a").close()
-    second = backend.compile(model, _dev(cache), name="b")
+    second = cast(NcnnStage, backend.compile(model, _dev(cache), name="b"))
     key = second.statistics().cache_key
     assert second.statistics().cached
     second.close()
@@ -218,7 +219,7 @@ def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entri
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    third = backend.compile(model, _dev(cache), name="c")
+    third = cast(NcnnStage, backend.compile(model, _dev(cache), name="c"))
     assert not third.statistics().cached
     third.close()
     assert backend.statistics().cache.rejected == 1 and backend.statistics().cache.conversions == 2
@@ -227,7 +228,7 @@ def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entri
     outside.write_bytes(weights.read_bytes())
     weights.unlink()
     weights.symlink_to(outside)
-    fourth = backend.compile(model, _dev(cache), name="d")
+    fourth = cast(NcnnStage, backend.compile(model, _dev(cache), name="d"))
     assert not fourth.statistics().cached
     fourth.close()
     assert backend.statistics().cache.rejected == 2
@@ -237,7 +238,7 @@ def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entri
     os.rename(entry, tmp_path / "moved")
     entry.symlink_to(tmp_path / "moved")
     moved = {p.name: p.read_bytes() for p in (tmp_path / "moved").iterdir()}
-    fifth = backend.compile(model, _dev(cache), name="e")
+    fifth = cast(NcnnStage, backend.compile(model, _dev(cache), name="e"))
     assert not fifth.statistics().cached
     fifth.close()
     assert backend.statistics().cache.rejected >= 3 and backend.statistics().cache.conversions == 4
@@ -245,7 +246,7 @@ def test_the_cache_answers_a_second_compile_and_rejects_tampered_or_linked_entri
     assert {p.name: p.read_bytes() for p in (tmp_path / "moved").iterdir()} == moved
 
 
-def test_a_stored_refusal_is_raised_without_converting(cache: Path):
+def test_a_stored_refusal_is_raised_without_converting(cache: Path) -> None:
     backend = NcnnBackend()
     # a layer pnnx cannot map (LpNormalization): pnnx's own failure or ncnn's load failure, refused
     m = _model([helper.make_node("LpNormalization", ["x"], ["y"], axis=1, p=1)],
@@ -262,7 +263,7 @@ def test_a_stored_refusal_is_raised_without_converting(cache: Path):
     assert s.conversions == 1 and s.refusals_cached == 1
 
 
-def test_options_are_validated(cache: Path):
+def test_options_are_validated(cache: Path) -> None:
     backend = NcnnBackend()
     with pytest.raises(DeviceSpecError, match="precision"):
         backend.compile(_two_in_two_out(), _dev(cache, precision="int8"), name="s")
@@ -270,7 +271,7 @@ def test_options_are_validated(cache: Path):
         backend.compile(_two_in_two_out(), _dev(cache, vulkan_device=99), name="s")
 
 
-def test_without_ncnn_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch):
+def test_without_ncnn_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
     real = builtins.__import__
@@ -289,7 +290,7 @@ def test_without_ncnn_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_an_ncnn_stage_goes_through_the_probe_contract_and_a_wrong_count_is_a_cached_refusal(
-        cache: Path, monkeypatch: pytest.MonkeyPatch):
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ncnn's compile-time check is ``backends._probe.probe_stage`` (one contract for every
     accelerator): an ncnn run that returns an extra output is refused with the contract's words
     and cached as a refusal (the old private check zipped the outputs strictly and raised a bare

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,8 +22,9 @@ from onnx import TensorProto, helper
 from hetsched import BackendUnavailableError, CompileError, Session
 from hetsched._devices.resolve import resolve_devices
 from hetsched._rknn.accuracy import RANDOM_SAMPLES
-from hetsched.backends import WorkerInfo, get_backend
+from hetsched.backends import Device, WorkerInfo, get_backend
 from hetsched.backends.rknn import RknnBackend, RknnStage
+from hetsched.policies import PlacementProblem
 from hetsched.testing import with_seeded_weights
 
 from _rknn_models import conv_net
@@ -56,7 +58,7 @@ def _cache_env(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETSCHED_RKNN_CACHE", str(cache_dir))
 
 
-def _npu(twin_root: Path, spec: str = "npu", **options: object):
+def _npu(twin_root: Path, spec: str = "npu", **options: object) -> Device:
     (dev,) = resolve_devices([spec], root=twin_root)
     return dataclasses.replace(dev, options={**dev.options, **options})
 
@@ -72,7 +74,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def _split_policy(problem):
+def _split_policy(problem: PlacementProblem) -> dict[int, str]:
     """The first third of the units on the CPU device, the rest on the NPU wherever it can run them."""
     units = problem.units
     cut = max(1, len(units) // 3)
@@ -81,7 +83,7 @@ def _split_policy(problem):
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("which", ["conv_net", "squeezenet"])
-async def test_cnn_split_across_cpu_and_npu_matches_onnxruntime(twin_root: Path, which: str, anyio_backend: str):
+async def test_cnn_split_across_cpu_and_npu_matches_onnxruntime(twin_root: Path, which: str, anyio_backend: str) -> None:
     model = conv_net() if which == "conv_net" else with_seeded_weights("light_squeezenet")
     devices = [*resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0]), _npu(twin_root)]
     backend = get_backend("rknn")
@@ -109,7 +111,7 @@ async def test_cnn_split_across_cpu_and_npu_matches_onnxruntime(twin_root: Path,
     assert after.conversions + after.cache_hits > before.conversions + before.cache_hits
 
 
-def test_second_compile_is_a_cache_hit_and_changed_settings_convert_again(twin_root: Path, tmp_path: Path):
+def test_second_compile_is_a_cache_hit_and_changed_settings_convert_again(twin_root: Path, tmp_path: Path) -> None:
     backend = RknnBackend()
     model = conv_net(seed=3)
     dev = _npu(twin_root, cache_dir=str(tmp_path))
@@ -129,7 +131,7 @@ def test_second_compile_is_a_cache_hit_and_changed_settings_convert_again(twin_r
     assert len(list(tmp_path.rglob("*.rknn"))) == len(list(tmp_path.rglob("*.json"))) == 3
 
 
-def test_per_core_workers_get_one_context_each(twin_root: Path):
+def test_per_core_workers_get_one_context_each(twin_root: Path) -> None:
     backend = RknnBackend()
     dev = _npu(twin_root)
     assert len(backend.worker_cpus(dev)) == 3
@@ -153,7 +155,7 @@ def test_per_core_workers_get_one_context_each(twin_root: Path):
         stage.close()
 
 
-def test_a_core_mask_is_passed_as_given(twin_root: Path):
+def test_a_core_mask_is_passed_as_given(twin_root: Path) -> None:
     backend = RknnBackend()
     dev = _npu(twin_root, "npu:0-2")
     assert len(backend.worker_cpus(dev)) == 1
@@ -166,7 +168,7 @@ def test_a_core_mask_is_passed_as_given(twin_root: Path):
         stage.close()
 
 
-def test_opset9_dropout_stage_converts_after_preparation(twin_root: Path):
+def test_opset9_dropout_stage_converts_after_preparation(twin_root: Path) -> None:
     m = helper.make_model(helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Dropout", ["r"], ["d"], ratio=0.3),
          helper.make_node("Sigmoid", ["d"], ["y"])], "d9",
@@ -182,7 +184,7 @@ def test_opset9_dropout_stage_converts_after_preparation(twin_root: Path):
         stage.close()
 
 
-def test_a_refused_stage_raises_the_toolkits_message_and_the_refusal_is_cached(twin_root: Path):
+def test_a_refused_stage_raises_the_toolkits_message_and_the_refusal_is_cached(twin_root: Path) -> None:
     m = helper.make_model(helper.make_graph(
         [helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["sel"])], "nms",
         [helper.make_tensor_value_info("boxes", F, [1, 16, 4]), helper.make_tensor_value_info("scores", F, [1, 1, 16])],
@@ -205,7 +207,7 @@ def test_a_refused_stage_raises_the_toolkits_message_and_the_refusal_is_cached(t
     assert (s.conversions, s.cache_hits, s.refusals_cached) == (converted.conversions, 1, 1)
 
 
-def test_other_workers_contexts_build_in_the_background_at_compile(twin_root: Path):
+def test_other_workers_contexts_build_in_the_background_at_compile(twin_root: Path) -> None:
     backend = RknnBackend()
     stage = backend.compile(conv_net(seed=6), _npu(twin_root), name="s")
     try:
@@ -223,14 +225,14 @@ def test_other_workers_contexts_build_in_the_background_at_compile(twin_root: Pa
         stage.close()
 
 
-def test_a_refusal_trial_starts_no_background_contexts(twin_root: Path):
+def test_a_refusal_trial_starts_no_background_contexts(twin_root: Path) -> None:
     # The session compiles units alone with options["trial"] to find what a device refuses and
     # closes them at once: other workers' contexts would only be started to be killed.
     backend = RknnBackend()
     asked: list[int] = []
     acquire = backend._processes.acquire
 
-    def recording(device: str, index: int):
+    def recording(device: str, index: int) -> Any:
         asked.append(index)  # recorded before the (slow) process start
         return acquire(device, index)
 
@@ -249,12 +251,12 @@ def test_a_refusal_trial_starts_no_background_contexts(twin_root: Path):
             stage.close()
 
 
-def test_a_stage_closed_at_once_reaps_its_background_contexts(twin_root: Path):
+def test_a_stage_closed_at_once_reaps_its_background_contexts(twin_root: Path) -> None:
     backend = RknnBackend()
     started: list = []
     acquire = backend._processes.acquire
 
-    def recording(device: str, index: int):
+    def recording(device: str, index: int) -> Any:
         proc = acquire(device, index)
         started.append(proc)
         return proc
@@ -268,7 +270,7 @@ def test_a_stage_closed_at_once_reaps_its_background_contexts(twin_root: Path):
     assert backend._processes._procs == {}
 
 
-def test_a_cache_hit_reuses_the_measured_accuracy(twin_root: Path, tmp_path: Path):
+def test_a_cache_hit_reuses_the_measured_accuracy(twin_root: Path, tmp_path: Path) -> None:
     backend = RknnBackend()
     model = conv_net(seed=8)
     dev = _npu(twin_root, "npu:1", cache_dir=str(tmp_path))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from hetsched._rknn.cache import CompileCache, Verdict, calibration_hash, default_cache_dir, stage_key
 
-BASE = {"toolkit_version": "2.5.0", "target": "rk3588", "float_dtype": "float16"}
+BASE: dict[str, Any] = {"toolkit_version": "2.5.0", "target": "rk3588", "float_dtype": "float16"}
 
 
-def test_key_covers_every_setting():
+def test_key_covers_every_setting() -> None:
     k = stage_key(b"model", **BASE)
     assert k == stage_key(b"model", **BASE) and len(k) == 64
     others = [
@@ -29,7 +30,7 @@ def test_key_covers_every_setting():
     assert stage_key(b"model", **BASE, calibration="ab") == k
 
 
-def test_calibration_hash_follows_the_listed_files(tmp_path: Path):
+def test_calibration_hash_follows_the_listed_files(tmp_path: Path) -> None:
     for i in range(2):
         np.save(tmp_path / f"c{i}.npy", np.full((1, 3), i, np.float32))
     ds = tmp_path / "dataset.txt"
@@ -40,7 +41,7 @@ def test_calibration_hash_follows_the_listed_files(tmp_path: Path):
     assert calibration_hash(ds) != h
 
 
-def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HETSCHED_RKNN_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir() == tmp_path / "xdg" / "hetsched" / "rknn-cache"
@@ -49,7 +50,7 @@ def test_cache_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert default_cache_dir({"cache_dir": str(tmp_path / "opt")}) == tmp_path / "opt"
 
 
-def test_entries_round_trip_and_count(tmp_path: Path):
+def test_entries_round_trip_and_count(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "c")
     ok, bad = stage_key(b"a", **BASE), stage_key(b"b", **BASE)
     assert cache.lookup(ok) is None
@@ -70,7 +71,7 @@ def test_entries_round_trip_and_count(tmp_path: Path):
                             f"{bad[:2]}/{bad}.json"])
 
 
-def test_a_success_whose_rknn_is_gone_is_a_miss(tmp_path: Path):
+def test_a_success_whose_rknn_is_gone_is_a_miss(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path)
     k = stage_key(b"a", **BASE)
     tmp = cache.temp_rknn_path(k)
@@ -81,6 +82,6 @@ def test_a_success_whose_rknn_is_gone_is_a_miss(tmp_path: Path):
     assert cache.lookup(k) is None and cache.statistics().cache_hits == 0
 
 
-def test_keys_cannot_name_paths(tmp_path: Path):
+def test_keys_cannot_name_paths(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         CompileCache(tmp_path).onnx_path("../" + "0" * 61)

@@ -40,7 +40,7 @@ def _negate_weights_in_place(path: Path) -> None:
     path.write_bytes(data)
 
 
-def test_a_tampered_cached_stage_is_converted_from_the_true_model(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+def test_a_tampered_cached_stage_is_converted_from_the_true_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from hetsched.testing import build_board_tree
 
     root = build_board_tree(tmp_path / "board", "rk3588")

@@ -36,7 +36,7 @@ def _entry(name: str, sha: str, precision: str, rknn: str) -> ManifestEntry:
                          target="rk3588", rknn=rknn)
 
 
-def test_board_path_selects_the_file_of_the_stage_model(tmp_path: Path):
+def test_board_path_selects_the_file_of_the_stage_model(tmp_path: Path) -> None:
     a, b = b"stage a bytes", b"stage b bytes"
     entries = [_entry("s0", model_sha256(a), "float16", "aa/a16.rknn"), _entry("s0", model_sha256(a), "int8",
                "aa/a8.rknn"), _entry("s1", model_sha256(b), "int8", "bb/b8.rknn")]
@@ -59,7 +59,7 @@ def test_board_path_selects_the_file_of_the_stage_model(tmp_path: Path):
 
 
 def test_compile_writes_manifest_and_files_and_a_second_run_converts_nothing(tmp_path: Path,
-                                                                            capsys: pytest.CaptureFixture[str]):
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     _toolkit_or_skip()
     model = tmp_path / "sq.onnx"
     onnx.save(with_seeded_weights("light_squeezenet"), model)

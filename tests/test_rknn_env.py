@@ -297,7 +297,7 @@ def test_progress_gives_each_step_an_eta_from_the_last_successful_run(monkeypatc
     assert [p.expected_s for p in starts] == list(env.STEP_ESTIMATES_S)  # nothing measured yet
     assert starts[0].remaining_s == sum(env.STEP_ESTIMATES_S)
     assert starts[1].remaining_s == sum(env.STEP_ESTIMATES_S[1:])
-    took = {p.step: p.seconds for p in seen if p.status == "done"}
+    took: dict[str, float] = {p.step: p.seconds for p in seen if p.status == "done"}  # type: ignore[misc]
     assert json.loads((d / "hetsched-setup-times.json").read_text()) == took
     seen.clear()  # another torch: steps 2-4 run again, expected to take what they took last time
     setup_toolkit_env(torch="torch==2.4.0", python=str(fake), directory=d, progress=seen.append)

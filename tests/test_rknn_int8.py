@@ -24,7 +24,9 @@ from hetsched import BackendUnavailableError, ModelError, Session
 from hetsched._devices.resolve import resolve_devices
 from hetsched._rknn.accuracy import stage_accuracy
 from hetsched._rknn.calibrate import CalibrationSet, load_calibration_dir
+from hetsched.backends import Device
 from hetsched.backends.rknn import RknnBackend, RknnStage
+from hetsched.policies import PlacementProblem
 from hetsched.testing import with_seeded_weights
 
 from _rknn_models import conv_net
@@ -53,7 +55,7 @@ def _cache_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETSCHED_RKNN_CACHE", str(tmp_path / "cache"))
 
 
-def _npu(root: Path, **options: object):
+def _npu(root: Path, **options: object) -> Device:
     (dev,) = resolve_devices(["npu"], root=root)
     return dataclasses.replace(dev, options={**dev.options, **options})
 
@@ -78,12 +80,12 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _npu_stages(s: Session) -> list[RknnStage]:
-    return [st.compiled.rknn for st in s._stages if st.spec.device == "npu"]  # type: ignore[attr-defined]
+    return [st.compiled.rknn for st in s._stages if st.spec.device == "npu"]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("which", ["conv_net", "light_squeezenet"])
-async def test_int8_session_matches_fp32_onnxruntime(twin_root: Path, which: str, anyio_backend: str):
+async def test_int8_session_matches_fp32_onnxruntime(twin_root: Path, which: str, anyio_backend: str) -> None:
     model = conv_net() if which == "conv_net" else with_seeded_weights("light_squeezenet")
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     async with Session(model, devices=[_npu(twin_root)], root=twin_root, calibration=_feeds(model, 16, 1)) as s:
@@ -106,14 +108,14 @@ def _dataset_lines(path: str) -> list[str]:
     return Path(path).read_text().split("\n")[:-1]
 
 
-def _cpu_then_npu(problem):
+def _cpu_then_npu(problem: PlacementProblem) -> dict[int, str]:
     """The first unit on the host CPU, the rest on the NPU: the NPU stage starts mid-graph."""
     return {u.id: ("cpu:0" if i == 0 or "npu" not in u.candidates else "npu") for i, u in enumerate(problem.units)}
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_mid_graph_stage_is_calibrated_with_upstream_tensors(twin_root: Path, tmp_path: Path,
-                                                                      anyio_backend: str):
+                                                                      anyio_backend: str) -> None:
     model = conv_net(seed=2)
     feeds = _feeds(model, 16, 3)
     devices = [*resolve_devices(["cpu:0"], root=twin_root, available_cpus=[0]), _npu(twin_root)]
@@ -137,7 +139,7 @@ async def test_a_mid_graph_stage_is_calibrated_with_upstream_tensors(twin_root: 
         assert stage_accuracy(s)[npu.name].min_cosine >= INT8_MIN_COSINE
 
 
-def test_changed_calibration_data_converts_again(twin_root: Path, tmp_path: Path):
+def test_changed_calibration_data_converts_again(twin_root: Path, tmp_path: Path) -> None:
     model = conv_net(seed=4)
     backend = RknnBackend()
     dev = _npu(twin_root, cache_dir=str(tmp_path / "c"))
@@ -157,7 +159,7 @@ def test_changed_calibration_data_converts_again(twin_root: Path, tmp_path: Path
     assert k3 != k1 and backend.statistics().conversions == 2
 
 
-def test_fp16_stage_reports_its_accuracy_on_random_inputs(twin_root: Path):
+def test_fp16_stage_reports_its_accuracy_on_random_inputs(twin_root: Path) -> None:
     stage = RknnBackend().compile(with_seeded_weights("light_squeezenet"), _npu(twin_root), name="s")
     try:
         st = stage.rknn.statistics()  # type: ignore[attr-defined]
@@ -168,7 +170,7 @@ def test_fp16_stage_reports_its_accuracy_on_random_inputs(twin_root: Path):
         stage.close()
 
 
-def test_calibration_dir_naming(tmp_path: Path):
+def test_calibration_dir_naming(tmp_path: Path) -> None:
     for k in range(3):
         np.save(tmp_path / f"{k}.npy", np.full((1, 2), k, np.float32))
     assert [f["x"][0, 0] for f in load_calibration_dir(tmp_path, ["x"])] == [0, 1, 2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,22 +16,23 @@ from hetsched._rknn.prepare import fix_free_dims, fold_passthrough, free_dims, p
 F = TensorProto.FLOAT
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=13):
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+           inits: Sequence[onnx.TensorProto] = (), opset: int = 13) -> onnx.ModelProto:
     m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits)),
                           opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8 if opset >= 13 else 4
     return m
 
 
-def _run(model, feeds):
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def _opset(model):
+def _opset(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def dropout9_model():
+def dropout9_model() -> onnx.ModelProto:
     """x -> Relu -> Dropout(opset 9, ratio) -> Identity -> y, with a batch dim left free."""
     return _model(
         [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Dropout", ["r"], ["d"], ratio=0.5),
@@ -38,7 +41,7 @@ def dropout9_model():
         [helper.make_tensor_value_info("y", F, ["batch", 4])], opset=9)
 
 
-def test_opset9_dropout_is_upgraded_folded_and_fixed():
+def test_opset9_dropout_is_upgraded_folded_and_fixed() -> None:
     m = dropout9_model()
     out = prepare_stage(m, {"x": (2, 4)})
     assert _opset(out) == 13 and _opset(m) == 9  # the argument is left alone
@@ -50,13 +53,13 @@ def test_opset9_dropout_is_upgraded_folded_and_fixed():
     np.testing.assert_array_equal(_run(out, {"x": x})[0], np.maximum(x, 0))
 
 
-def test_upgrade_keeps_newer_opsets():
+def test_upgrade_keeps_newer_opsets() -> None:
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, [2])],
                [helper.make_tensor_value_info("y", F, [2])], opset=17)
     assert _opset(upgrade_opset(m)) == 17
 
 
-def test_fold_rewires_consumers_and_keeps_graph_level_names():
+def test_fold_rewires_consumers_and_keeps_graph_level_names() -> None:
     m = _model(
         [helper.make_node("Identity", ["x"], ["y0"]),  # graph input -> graph output: must stay
          helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Relu", ["i"], ["r"]),
@@ -74,13 +77,13 @@ def test_fold_rewires_consumers_and_keeps_graph_level_names():
         np.testing.assert_array_equal(got, want)
 
 
-def test_dropout_with_used_mask_stays():
+def test_dropout_with_used_mask_stays() -> None:
     m = _model([helper.make_node("Dropout", ["x"], ["y", "mask"])], [helper.make_tensor_value_info("x", F, [3])],
                [helper.make_tensor_value_info("y", F, [3]), helper.make_tensor_value_info("mask", TensorProto.BOOL, [3])])
     assert [n.op_type for n in fold_passthrough(m).graph.node] == ["Dropout"]
 
 
-def test_free_dim_without_shape_names_the_input_and_how_to_fix_it():
+def test_free_dim_without_shape_names_the_input_and_how_to_fix_it() -> None:
     m = dropout9_model()
     assert free_dims(m) == {"x": ["batch", 4]}
     with pytest.raises(CompileError) as e:
@@ -90,12 +93,12 @@ def test_free_dim_without_shape_names_the_input_and_how_to_fix_it():
 
 
 @pytest.mark.parametrize(("shape", "words"), [((2, 4, 1), "rank"), ((2, 5), "dim 1"), ((0, 4), "<= 0")])
-def test_given_shape_must_agree(shape, words):
+def test_given_shape_must_agree(shape: tuple[int, ...], words: str) -> None:
     with pytest.raises(CompileError, match=words):
         fix_free_dims(dropout9_model(), {"x": shape})
 
 
-def test_fixed_shapes_propagate_through_a_conv_net():
+def test_fixed_shapes_propagate_through_a_conv_net() -> None:
     rng = np.random.default_rng(1)
     w = numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     m = _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -256,7 +257,7 @@ def _check_outputs(model: onnx.ModelProto, got: dict[str, np.ndarray], x: np.nda
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("which", ["nms", "loop"])
-async def test_an_unsupported_tail_runs_on_the_cpu_by_the_op_list(twin_root: Path, which: str, anyio_backend: str):
+async def test_an_unsupported_tail_runs_on_the_cpu_by_the_op_list(twin_root: Path, which: str, anyio_backend: str) -> None:
     model, op = (detector(), "NonMaxSuppression") if which == "nms" else (loop_net(), "Loop")
     async with Session(model, devices=_devices(twin_root), root=twin_root, policy=npu_where_possible) as s:
         plan = s.plan.to_json()
@@ -273,7 +274,7 @@ async def test_an_unsupported_tail_runs_on_the_cpu_by_the_op_list(twin_root: Pat
 
 @pytest.mark.parametrize("which", ["nms", "loop"])
 async def test_a_refused_op_falls_back_with_the_toolkits_reason(twin_root: Path, which: str, anyio_backend: str,
-                                                                claims_nms_and_loop: None):
+                                                                claims_nms_and_loop: None) -> None:
     model, op = (detector(), "NonMaxSuppression") if which == "nms" else (loop_net(), "Loop")
     # small units: the refused op's unit is not the whole model (a unit is what trying rejects)
     async with Session(model, devices=_devices(twin_root), root=twin_root, policy=npu_where_possible,
@@ -295,7 +296,7 @@ async def test_a_refused_op_falls_back_with_the_toolkits_reason(twin_root: Path,
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_second_session_converts_nothing_and_a_changed_setting_converts_again(twin_root: Path,
-                                                                                      anyio_backend: str):
+                                                                                      anyio_backend: str) -> None:
     model = conv_net(seed=1)
     x = _x(model, 0)
     want = _reference(model, {"x": x})["y"]
@@ -336,7 +337,7 @@ class _Gate(Hooks):
 
 @pytest.mark.parametrize("failover", [False, True], ids=["no-failover", "failover"])
 async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin_root: Path, anyio_backend: str,
-                                                                            failover: bool):
+                                                                            failover: bool) -> None:
     """Without failover the requests the dead worker had fail (DeviceFailedError naming the
     device); with it (the default) they start over on a new worker process and all succeed."""
     model = conv_net(seed=2)
@@ -351,9 +352,10 @@ async def test_a_worker_killed_mid_run_fails_its_requests_and_nothing_hangs(twin
         except StageExecutionError as exc:
             errors.append(exc)
 
+    extra: dict[str, Any] = {} if failover else {"adaptation": Adaptation(replanning=None)}
     with anyio.fail_after(120):
         async with Session(model, devices=_devices(twin_root, "npu:0"), root=twin_root, policy=npu_where_possible,
-                           hooks=[gate], **({} if failover else {"adaptation": Adaptation(replanning=None)})) as s:
+                           hooks=[gate], **extra) as s:
             (stage,) = _rknn_stages(s)
             runs0 = stage.statistics().runs
             workers = set(_toolkit_children()) - before
@@ -416,7 +418,7 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def test_sigterm_to_a_process_serving_npu_stages_ends_its_toolkit_workers(twin_root: Path, tmp_path: Path):
+def test_sigterm_to_a_process_serving_npu_stages_ends_its_toolkit_workers(twin_root: Path, tmp_path: Path) -> None:
     path = tmp_path / "cnn.onnx"
     onnx.save(conv_net(seed=3), path)
     script = tmp_path / "serve.py"
@@ -440,7 +442,7 @@ def test_sigterm_to_a_process_serving_npu_stages_ends_its_toolkit_workers(twin_r
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_per_core_contexts_serve_concurrent_requests(twin_root: Path, anyio_backend: str):
+async def test_per_core_contexts_serve_concurrent_requests(twin_root: Path, anyio_backend: str) -> None:
     model = conv_net(seed=4)
     want = {i: _reference(model, {"x": _x(model, i)})["y"] for i in range(12)}
     got: dict[int, np.ndarray] = {}

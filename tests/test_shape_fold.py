@@ -22,7 +22,7 @@ from hetsched import FreeDimsError, InputError, Session, resolve_devices
 from hetsched._planning.fold import fold_shape_arithmetic, shape_boundaries
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model, with_input_shapes
-from hetsched._planning.plan import build_plan
+from hetsched._planning.plan import Plan, build_plan
 from hetsched._session._setup import load_index, plan_and_compile, shape_refusals
 from hetsched.testing import build_board_tree
 
@@ -139,7 +139,7 @@ def test_the_planner_itself_keeps_unfolded_shape_arithmetic_with_its_readers(yol
 
 
 class _Stop(Exception):
-    def __init__(self, plan: object):
+    def __init__(self, plan: Plan) -> None:
         super().__init__("stop")
         self.plan = plan
 

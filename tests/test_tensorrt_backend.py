@@ -297,11 +297,14 @@ class _RecordingTrt(types.ModuleType):
             log.append(("builder.create_network", flags))
             return network
 
+        def build_serialized_network(net: Any, cfg: Any) -> Any:
+            log.append(("builder.build_serialized_network",))
+            return self._built
+
         builder = _Recorder(log, "builder", create_builder_config=lambda: _Recorder(log, "config"),
                             create_optimization_profile=lambda: _Recorder(log, "profile"))
         object.__setattr__(builder, "create_network", make_network)
-        object.__setattr__(builder, "build_serialized_network",
-                           lambda net, cfg: log.append(("builder.build_serialized_network",)) or self._built)
+        object.__setattr__(builder, "build_serialized_network", build_serialized_network)
         return builder
 
     def OnnxParser(self, network: Any, logger: Any) -> _Parser:  # noqa: N802 - TensorRT's name
@@ -623,7 +626,9 @@ class _CopyContext:
     """Plumbing stand-in for an execution context, not TensorRT: "runs" by copying input x to output y."""
 
     def __init__(self, log: list[Any]) -> None:
-        self.log, self.addr, self.shape = log, {}, (0,)
+        self.log = log
+        self.addr: dict[str, int] = {}
+        self.shape: tuple[int, ...] = (0,)
 
     def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
         self.shape = shape
