@@ -63,6 +63,7 @@ async def test_the_boards_energy_is_its_measured_rail_on_the_orin_twin_split_by_
             ea, eb = a.statistics().energy_j, b.statistics().energy_j
             assert ea is not None and eb is not None
             assert st.stage_energy_j == pytest.approx(ea + eb)
+            assert st.stage_energy_j is not None and st.energy_j is not None
             assert st.stage_energy_j < st.energy_j  # the board draws for more than the stages
             shares = {s.name: s.busy_share for s in st.sessions}
             assert shares["a"] > shares["b"] > 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -380,7 +381,7 @@ async def test_a_session_is_placed_knowing_the_load_the_others_put_on_the_board(
 
     seen: list[tuple[Any, ...]] = []
 
-    def spy(problem: hetsched.PlacementProblem) -> hetsched.Placement:
+    def spy(problem: hetsched.PlacementProblem) -> hetsched.Placement | Mapping[int, str]:
         seen.append(problem.reservations)
         return hetsched.policies.get_policy("heft").place(problem)
 

@@ -6,7 +6,7 @@ import json
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import numpy as np
@@ -94,9 +94,13 @@ async def test_a_traced_session_on_a_twin_root(tmp_path: Path, anyio_backend: st
     async with Session(_cnn(), devices=["cpu:0", "cpu:1"], root=root, policy=TWO_CPUS, max_unit_nodes=1,
                        hooks=[rec], trace=path) as s:
         placed = {st.name: st.device for st in s.plan.stages}
+
+        async def one(k: int) -> None:
+            await s.run({"x": X}, priority=Priority.HIGH if k % 2 else Priority.NORMAL)
+
         async with anyio.create_task_group() as tg:
             for k in range(6):
-                tg.start_soon(lambda k=k: s.run({"x": X}, priority=Priority.HIGH if k % 2 else Priority.NORMAL))
+                tg.start_soon(one, k)
         await s.replan(reason="test: trace")
         await s.run({"x": X})
     assert set(placed.values()) == {"cpu:0", "cpu:1"}
@@ -114,7 +118,7 @@ async def test_a_traced_session_on_a_twin_root(tmp_path: Path, anyio_backend: st
         assert isinstance(e["args"]["bound"], bool)
         assert e["args"]["queued_us"] >= 0 and e["args"]["since_request_start_us"] >= e["args"]["queued_us"]
         assert "error" not in e["args"]
-    assert sorted(e["args"]["request_id"] for e in stages) == sorted(i.request_id for i in rec.runs)
+    assert sorted(e["args"]["request_id"] for e in stages) == sorted(cast(int, i.request_id) for i in rec.runs)
 
     # one slice per request; the stage runs of each lie inside it
     requests = {e["args"]["request_id"]: e for e in _slices(trace, procs["requests"])}

@@ -73,7 +73,7 @@ def _writer(path: Path, capacity: int) -> tuple[TraceWriter, list[FullDisk]]:
     return TraceWriter(path, flush_events=4, opener=opener), disks  # type: ignore[arg-type]
 
 
-def test_a_disk_that_fills_mid_record_still_gets_a_valid_file(tmp_path: Path):
+def test_a_disk_that_fills_mid_record_still_gets_a_valid_file(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     w, disks = _writer(path, capacity=900)  # room for about 8 events, the 9th is cut mid-record
     w.open()
@@ -92,7 +92,7 @@ def test_a_disk_that_fills_mid_record_still_gets_a_valid_file(tmp_path: Path):
     assert disks[0].failed >= 1 and w.statistics().error is not None
 
 
-def test_a_disk_with_no_room_for_the_tail_says_where_the_file_stops(tmp_path: Path):
+def test_a_disk_with_no_room_for_the_tail_says_where_the_file_stops(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     w, _ = _writer(path, capacity=300)  # the head and a few events; the 50-byte pieces then do not fit
     w.open()
@@ -110,7 +110,7 @@ def test_a_disk_with_no_room_for_the_tail_says_where_the_file_stops(tmp_path: Pa
     assert view.stage_runs == err.events_written > 0
 
 
-def test_a_healthy_disk_sets_no_failure(tmp_path: Path):
+def test_a_healthy_disk_sets_no_failure(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     w, _ = _writer(path, capacity=1 << 20)
     w.open()
@@ -120,7 +120,7 @@ def test_a_healthy_disk_sets_no_failure(tmp_path: Path):
     assert w.failure is None and len(json.loads(path.read_text())["traceEvents"]) == 10
 
 
-def test_a_disk_full_from_the_start_fails_the_open_naming_the_file(tmp_path: Path):
+def test_a_disk_full_from_the_start_fails_the_open_naming_the_file(tmp_path: Path) -> None:
     w, _ = _writer(tmp_path / "t.json", capacity=10)
     with pytest.raises(TraceWriteError, match="t.json"):
         w.open()
@@ -151,7 +151,7 @@ def small_disk(monkeypatch: pytest.MonkeyPatch) -> list[FullDisk]:
 
 @pytest.mark.anyio
 async def test_leaving_a_session_on_a_full_disk_raises_a_trace_write_error(tmp_path: Path, anyio_backend: str,
-                                                                           small_disk: list[FullDisk]):
+                                                                           small_disk: list[FullDisk]) -> None:
     path = tmp_path / "run.json"
     x = np.ones((1, 3, 16, 16), np.float32)
     results = []
@@ -170,7 +170,7 @@ async def test_leaving_a_session_on_a_full_disk_raises_a_trace_write_error(tmp_p
 
 @pytest.mark.anyio
 async def test_a_session_error_is_not_masked_by_the_trace(tmp_path: Path, anyio_backend: str,
-                                                          small_disk: list[FullDisk]):
+                                                          small_disk: list[FullDisk]) -> None:
     x = np.ones((1, 3, 16, 16), np.float32)
     with pytest.raises(RuntimeError, match="boom"):
         async with Session(_cnn(), devices=["cpu:0"], trace=tmp_path / "run.json") as s:
@@ -180,7 +180,7 @@ async def test_a_session_error_is_not_masked_by_the_trace(tmp_path: Path, anyio_
 
 
 def test_cli_run_on_a_full_disk_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                small_disk: list[FullDisk]):
+                                                small_disk: list[FullDisk]) -> None:
     from hetsched._cli import main
 
     model = tmp_path / "cnn.onnx"

@@ -25,7 +25,7 @@ import anyio
 from ._common import add_shape_arg, existing_dir, output_dir, parse_shapes, require_shapes, resolve_model_arg
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("compile", help="convert a model's NPU stages offline (.rknn files and a manifest)")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_squeezenet)")
     p.add_argument("--target", default="rk3588", choices=["rk3588"], help="the SoC (default rk3588)")

@@ -57,7 +57,7 @@ _MODELLED = ("{dev} is simulated (backend sim): its times are the SoC twin's mod
              "clocks, per unit (no per-node times)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profile", help="time each node and unit on each device; the cost table; why each unit "
                                        "sits where it is")
     p.add_argument("model", help="path to an .onnx file, or an embedded model name (e.g. light_squeezenet)")

@@ -71,7 +71,7 @@ from ._run_multi import add_multi_args, is_multi, run_multi
 WARMUP_REQUESTS = 3
 """``hetsched run --warmup``'s default: requests run before the measured ones (issue 24)."""
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run requests through a model (random inputs)")
     p.add_argument("model", nargs="?", help="path to an .onnx file, or an embedded model name")
     add_multi_args(p)
@@ -130,7 +130,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-async def run_requests(session: object, feeds: dict, n: int, concurrency: int, progress: Progress) -> list[float]:
+async def run_requests(session: object, feeds: dict[str, Any], n: int, concurrency: int, progress: Progress) -> list[float]:
     """``n`` requests, ``concurrency`` at a time (a fixed pool of tasks, so cancelling is instant)."""
     latencies: list[float] = []
     remaining = [n]
@@ -149,7 +149,7 @@ async def run_requests(session: object, feeds: dict, n: int, concurrency: int, p
     return latencies
 
 
-async def stream_requests(session: object, feeds: dict, n: int, progress: Progress) -> int:
+async def stream_requests(session: object, feeds: dict[str, Any], n: int, progress: Progress) -> int:
     """``n`` requests as one stream (``Session.map``); returns how many results came back."""
     done = 0
     async with session.map(feeds for _ in range(n)) as results:  # type: ignore[attr-defined]
@@ -159,7 +159,7 @@ async def stream_requests(session: object, feeds: dict, n: int, progress: Progre
     return done
 
 
-def modelled_rows(session: Any) -> list[dict]:
+def modelled_rows(session: Any) -> list[dict[str, Any]]:
     rows = []
     devices = {st.name: st.device for st in session.plan.stages}
     from hetsched.backends.sim import SimStageStatistics
@@ -174,7 +174,7 @@ def modelled_rows(session: Any) -> list[dict]:
     return rows
 
 
-def print_modelled(rows: list[dict], what: str) -> None:
+def print_modelled(rows: list[dict[str, Any]], what: str) -> None:
     print(f"\nSIMULATED {what} (SoC twin; tensors computed for real by onnxruntime on this host):")
     print(f"{'stage':8} {'device':10} {'modelled ms/run':>16} {'modelled mJ/run':>16}")
     tot_t = tot_e = 0.0
@@ -185,7 +185,7 @@ def print_modelled(rows: list[dict], what: str) -> None:
     print(f"{'total':8} {'':10} {tot_t:16.3f} {tot_e:16.3f}  (serial sum per request)")
 
 
-def governor_statistics(hooks: list) -> dict:
+def governor_statistics(hooks: list[Any]) -> dict[str, Any]:
     for h in hooks:
         gov = getattr(h, "governor", None)
         if gov is not None:
@@ -225,8 +225,8 @@ def _check_args(args: argparse.Namespace) -> float | None:
     return period_ms
 
 
-async def _measure(s: Any, args: argparse.Namespace, feeds: dict, board: BoardEnergy | None,
-                   period_ms: float | None) -> dict:
+async def _measure(s: Any, args: argparse.Namespace, feeds: dict[str, Any], board: BoardEnergy | None,
+                   period_ms: float | None) -> dict[str, Any]:
     """Run the measured requests (a stream, frame-paced, or ``--concurrency`` at a time): the
     summary's request count and latency/throughput figures."""
     progress = Progress(args.requests, enabled=True if args.progress else None)
@@ -258,8 +258,8 @@ async def _measure(s: Any, args: argparse.Namespace, feeds: dict, board: BoardEn
     return summary
 
 
-async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict, board: BoardEnergy | None,
-                    hooks: list) -> None:
+async def _complete(s: Any, args: argparse.Namespace, summary: dict[str, Any], feeds: dict[str, Any], board: BoardEnergy | None,
+                    hooks: list[Any]) -> None:
     """Add what the session knows after the run: inputs, refusals, compile counters, the
     ``--check``, modelled figures, re-plans, stage and board energy, the governor's summary."""
     import numpy as np
@@ -295,7 +295,7 @@ async def _complete(s: Any, args: argparse.Namespace, summary: dict, feeds: dict
         summary["governor"] = gov_stats
 
 
-def replan_lines(replans: dict) -> list[str]:
+def replan_lines(replans: dict[str, Any]) -> list[str]:
     """The text summary's lines for ``summary["replans"]``: a count, then every re-plan by
     number with its reason, the units it moved and its seconds, then every failed one."""
     lines: list[str] = []
@@ -308,7 +308,7 @@ def replan_lines(replans: dict) -> list[str]:
     return lines
 
 
-def _print_text(s: Any, args: argparse.Namespace, summary: dict, period_ms: float | None) -> None:
+def _print_text(s: Any, args: argparse.Namespace, summary: dict[str, Any], period_ms: float | None) -> None:
     """The human-readable report of one model's run (what ``--json`` prints as one object)."""
     print(s.plan.table())
     if args.stream:
@@ -396,7 +396,7 @@ def main(args: argparse.Namespace) -> int:
     devices = select_devices(args.devices, args.root)
     period_ms = _check_args(args)
 
-    async def serve(hooks: list) -> int:
+    async def serve(hooks: list[Any]) -> int:
         async with Session(resolve_model_arg(args.model), devices=devices, policy=args.policy,
                            max_unit_nodes=args.max_unit_nodes, root=args.root or "/",
                            hooks=[*hooks, *compile_progress_hooks(args)],

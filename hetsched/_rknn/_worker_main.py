@@ -120,7 +120,7 @@ class _Channel:
         while len(self.buf) < 4 + n:
             if not self._fill():
                 return None
-        msg = json.loads(bytes(self.buf[4 : 4 + n]))
+        msg: dict[str, Any] = json.loads(bytes(self.buf[4 : 4 + n]))
         del self.buf[: 4 + n]
         return msg
 

@@ -454,7 +454,8 @@ class ToolkitProcess:
         del self._rbuf[: 4 + n]
         if not isinstance(reply, dict):
             self._broken(doing, "sent a reply that is not an object")
-        return reply
+        checked: dict[str, Any] = reply
+        return checked
 
     def _send_locked(self, msg: dict[str, Any], doing: str) -> None:
         self._check_locked(doing)
