@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import anyio
 import numpy as np
@@ -14,17 +14,21 @@ from hetsched import Session, resolve_devices
 from hetsched._planning.graph import GraphIndex
 from hetsched._planning.model import load_model
 from hetsched._planning.plan import Plan, build_plan
-from hetsched.policies import Pinned, RandomPolicy
+from hetsched.backends import Capabilities
+from hetsched.policies import Pinned, PlacementPolicy, RandomPolicy
 
 DEVICES = ["cpu:0", "cpu:1", "cpu:0-1"]
 F = TensorProto.FLOAT
 
 
-def vi(name: str, shape: Sequence[int] | None, dtype: int = F) -> onnx.ValueInfoProto:
+def vi(name: str, shape: Sequence[int | str | None] | None, dtype: int = F) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, shape)
 
 
-def onnx_model(nodes, inputs, outputs, *, inits=(), functions=(), extra_opsets=()) -> onnx.ModelProto:
+def onnx_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[onnx.ValueInfoProto],
+               outputs: Sequence[onnx.ValueInfoProto], *, inits: Iterable[onnx.TensorProto] = (),
+               functions: Iterable[onnx.FunctionProto] = (),
+               extra_opsets: Iterable[onnx.OperatorSetIdProto] = ()) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
     opsets = [helper.make_opsetid("", 17), *extra_opsets]
     model = helper.make_model(graph, opset_imports=opsets, functions=list(functions))
@@ -42,15 +46,17 @@ def alternating(devs: Sequence[str]) -> Pinned:
     return Pinned(lambda u: devs[u.id % len(devs)])
 
 
-def plan_for(model: onnx.ModelProto, policy, *, max_unit_nodes: int | None = 1,
-          capabilities=None, devices=DEVICES) -> tuple[GraphIndex, Plan]:
+def plan_for(model: onnx.ModelProto, policy: PlacementPolicy | str | None, *, max_unit_nodes: int | None = 1,
+             capabilities: Mapping[str, Capabilities] | None = None,
+             devices: Sequence[str] = DEVICES) -> tuple[GraphIndex, Plan]:
     index = GraphIndex(load_model(model))
     plan = build_plan(index, resolve_devices(devices), policy, max_unit_nodes=max_unit_nodes,
                       capabilities=capabilities)
     return index, plan
 
 
-async def session_outputs(model: onnx.ModelProto, feeds, policy, max_unit_nodes=1) -> tuple[list, Plan]:
+async def session_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray], policy: PlacementPolicy | str | None,
+                          max_unit_nodes: int | None = 1) -> tuple[list, Plan]:
     async with Session(model, devices=DEVICES, policy=policy, max_unit_nodes=max_unit_nodes) as s:
         out = await s.run(None, feeds)
         return out, s.plan
@@ -59,7 +65,7 @@ async def session_outputs(model: onnx.ModelProto, feeds, policy, max_unit_nodes=
 def run_all_policies(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, min_stages: int = 2) -> None:
     """Run the model through a Session with one node per unit under several placements; compare with ORT."""
     expected = run_ort(model, feeds)
-    policies = [alternating(DEVICES), alternating(DEVICES[::-1]), RandomPolicy(0), RandomPolicy(1),
+    policies: list[PlacementPolicy | str] = [alternating(DEVICES), alternating(DEVICES[::-1]), RandomPolicy(0), RandomPolicy(1),
                 RandomPolicy(2), "heft", "power-thermal"]
     max_stages = 0
     for pol in policies:

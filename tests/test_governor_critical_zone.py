@@ -9,6 +9,7 @@ so the clocks) at every tick until it cools.
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import pytest
 
@@ -28,7 +29,7 @@ def _run(guard: ThermalGuard, temps: list[float], powers: list[float], **kw: flo
     caps = []
     for i, (temp, power) in enumerate(zip(temps, powers, strict=True)):
         t = 100.0 + 0.1 * i  # an injected clock: one tick per 100 ms
-        guard.observe(t, _snap(t, temp, **kw), power, 0.1, smooth_w=power, phase_s=0.0)  # type: ignore[arg-type]
+        guard.observe(t, _snap(t, temp, **kw), power, 0.1, smooth_w=power, phase_s=0.0)
         caps.append(guard.cap_w)
     return caps
 
@@ -36,8 +37,9 @@ def _run(guard: ThermalGuard, temps: list[float], powers: list[float], **kw: flo
 def test_a_zone_past_its_only_critical_trip_caps_and_keeps_capping() -> None:
     guard = ThermalGuard(GovernorConfig())
     powers = [178.0] * 5 + [483.0] * 5
-    caps = _run(guard, [200.0] * 10, powers)
-    assert all(c is not None for c in caps)
+    raw = _run(guard, [200.0] * 10, powers)
+    assert all(c is not None for c in raw)
+    caps = cast("list[float]", raw)
     assert caps[0] <= 0.95 * 178.0  # capped from the first tick
     assert all(b <= a for a, b in itertools.pairwise(caps))  # never rises while the zone is past critical
     assert caps[-1] <= 0.95 * 178.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 from test_governor_loop_budget import ORIN_TRAIN
@@ -73,7 +74,7 @@ SPECS = {
 BUDGET = 8.4
 
 
-def _table(phase: Phase, f: Mapping[str, int]) -> tuple[float, float]:
+def _table(phase: Phase, f: Mapping[str, int] | OperatingPoint) -> tuple[float, float]:
     c, m = f["cluster0"] / 1e9, f["memory"] / 1e9
     if phase is Phase.DATA:
         return 0.060 / c, 1.0 + 2.0 * c**2 + 0.5 * m
@@ -192,7 +193,7 @@ def test_orin_nx_training_at_10_w_fills_the_budget_without_crossing_it() -> None
                 gov.on_phase(phase)
                 board.execute(work, tick_s=0.05, on_tick=lambda b: gov.tick())
         # 20 iterations, the true board power sampled every 2 ms, the governor every 50 ms.
-        state: dict[str, float | None] = {"since": None, "longest": 0.0, "next": board.time_s}
+        state: dict[str, Any] = {"since": None, "longest": 0.0, "next": board.time_s}
 
         def sample(b: SimBoard) -> None:
             t = b.time_s

@@ -337,9 +337,9 @@ def test_the_engine_drives_any_tuner_through_the_seam() -> None:
     made: list[TunerSettings] = []
     calls: dict[str, int] = {}
 
-    def factory(specs: Mapping[str, DomainSpec], tune: Sequence[str], settings: TunerSettings) -> Tuner:
+    def factory(domains: Mapping[str, DomainSpec], tune: Sequence[str], settings: TunerSettings) -> Tuner:
         made.append(settings)
-        return CountingTuner(axis_tuner(specs, tune, settings), calls)
+        return CountingTuner(axis_tuner(domains, tune, settings), calls)
 
     assert isinstance(AxisTuner(domains(), ["gpu"], slowdown=0.05), Tuner)
     board = TableBoard(table())

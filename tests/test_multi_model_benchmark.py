@@ -13,7 +13,8 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from _board_replay import Mode, ModelPlan, Replay, StagePlan, Stream  # noqa: E402
+# benchmarks/ is put on sys.path above, at run time: mypy does not look there.
+from _board_replay import Mode, ModelPlan, Replay, StagePlan, Stream  # type: ignore[import-not-found]  # noqa: E402
 
 ONE = ModelPlan((StagePlan("npu", 0.010, 0.0, 1.0),))
 

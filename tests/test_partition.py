@@ -105,7 +105,7 @@ def test_loop_body_reads_outer_scope_value() -> None:
     assert {"a", "v0", "trip"} <= set(loop_stage.inputs)
     sub = extract_stage(index, loop_stage)
     assert {i.name for i in sub.graph.initializer} == {"k"}
-    feeds = {"x": np.array([0.5, -1.0, 2.0], np.float32), "trip": np.array(4, np.int64)}
+    feeds: dict[str, np.ndarray] = {"x": np.array([0.5, -1.0, 2.0], np.float32), "trip": np.array(4, np.int64)}
     run_all_policies(model, feeds)
 
 

@@ -16,7 +16,7 @@ from hetsched._planning.model import load_model
 from hetsched._planning.partition import constant_nodes, extract_stage, shape_nodes
 from hetsched._planning.plan import Plan, build_plan
 from hetsched.backends import Capabilities
-from hetsched.policies import Pinned, RandomPolicy
+from hetsched.policies import Pinned, PlacementPolicy, RandomPolicy
 
 from _partition_models import (
     F,
@@ -86,7 +86,8 @@ def test_random_dags_make_acyclic_valid_stages_that_compute_the_same(seed: int) 
     caps = {"cpu:0": Capabilities.everything(), "cpu:1": Capabilities.everything(),
             "cpu:0-1": Capabilities.ops(["Relu", "Add", "Constant", "Neg", "Mul"])}
     max_unit = rng.choice([1, 1, 2, 3, None])
-    policy = rng.choice([RandomPolicy(seed), "heft", "power-thermal", alternating(names)])
+    choices: list[PlacementPolicy | str] = [RandomPolicy(seed), "heft", "power-thermal", alternating(names)]
+    policy = rng.choice(choices)
     if isinstance(policy, Pinned):
         policy = Pinned(lambda u: u.candidates[u.id % len(u.candidates)])
     plan = build_plan(index, resolve_devices(names), policy, max_unit_nodes=max_unit, capabilities=caps)
@@ -110,8 +111,8 @@ def test_random_dags_make_acyclic_valid_stages_that_compute_the_same(seed: int) 
         for u in s.units:
             assert plan.placement.assignment[u] == s.device
     # Every unit is on a capable device.
-    for u in plan.units:
-        assert plan.placement.assignment[u.id] in u.candidates
+    for unit in plan.units:
+        assert plan.placement.assignment[unit.id] in unit.candidates
 
     # Extract and run stage by stage in id order; compare with the whole model.
     feeds = {"x0": np.array([0.5, -1.5, 2.0, -0.25], np.float32),

@@ -130,7 +130,7 @@ def test_boundary_costs_are_validated() -> None:
     for bad in ({"dispatch_latency_s": -1.0}, {"cross_domain_bps": 0.0}, {"fold_sweeps": -1},
                 {"launch_s": {"npu": float("nan")}}, {"unit_overhead_s": True}):
         with pytest.raises(ValueError, match="BoundaryCosts"):
-            BoundaryCosts(**bad)  # type: ignore[arg-type]
+            BoundaryCosts(**bad)
 
 
 def test_plan_estimates_are_the_twins_model_at_its_clocks(tmp_path: Path) -> None:

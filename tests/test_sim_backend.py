@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, cast
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -9,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetsched import Session
-from hetsched.backends import get_backend
-from hetsched.backends.sim import OP_SETS, clock_from_root, twin_devices
+from hetsched.backends import Device, get_backend
+from hetsched.backends.sim import OP_SETS, SimStage, clock_from_root, twin_devices
 from hetsched.testing import build_board_tree
 
 pytestmark = pytest.mark.anyio
@@ -75,9 +78,9 @@ async def test_unsupported_op_falls_back_and_outputs_are_exact() -> None:
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
 
 
-def _sim_stage(clock: dict[str, int], flops_model: onnx.ModelProto, device: str = "gpu"):
+def _sim_stage(clock: dict[str, int], flops_model: onnx.ModelProto, device: str = "gpu") -> SimStage:
     dev = next(d for d in twin_devices("rk3588", clock=lambda n: clock.get(n)) if d.name == device)
-    return get_backend("sim").compile(flops_model, dev, name="s")
+    return cast("SimStage", get_backend("sim").compile(flops_model, dev, name="s"))
 
 
 def _matmul(n: int) -> onnx.ModelProto:
@@ -125,7 +128,7 @@ def test_stage_statistics_accumulate() -> None:
     st.close()
 
 
-def test_clock_from_a_board_tree(tmp_path) -> None:
+def test_clock_from_a_board_tree(tmp_path: Path) -> None:
     build_board_tree(tmp_path, "rk3588")
     clock = clock_from_root(str(tmp_path))
     assert clock("cluster0") == int((tmp_path / "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq").read_text()) * 1000
@@ -140,7 +143,7 @@ def test_clock_from_a_board_tree(tmp_path) -> None:
 # ---- paced mode (the real runtime in the twin's board time): K x the modelled time, outputs not computed
 
 
-def _paced(kind: str, pace: float, compute: str = "skip", root: str | None = None):
+def _paced(kind: str, pace: float, compute: str = "skip", root: str | None = None) -> Device:
     from hetsched.backends.sim import paced_devices
 
     return next(d for d in paced_devices(twin_devices("rk3588", root=root), pace, compute=compute) if d.name == kind)
@@ -150,7 +153,7 @@ def test_a_paced_stage_takes_k_times_its_modelled_time_and_skips_the_compute() -
     import time
 
     dev = _paced("npu", 40.0)
-    stage = get_backend("sim").compile(_conv_then_cumsum(), dev, name="paced")
+    stage = cast("SimStage", get_backend("sim").compile(_conv_then_cumsum(), dev, name="paced"))
     t = stage.modelled()[0] + dev.options["launch_s"]
     x = np.ones([1, 3, 16, 16], np.float32)
     t0 = time.perf_counter()
@@ -162,12 +165,12 @@ def test_a_paced_stage_takes_k_times_its_modelled_time_and_skips_the_compute() -
     assert st.pace == 40.0 and st.computed is False
     assert st.last_modelled_s == pytest.approx(t)  # its board time: the modelled one, launch included
     buf = np.full((1, 2048), 7.0, np.float32)
-    stage.hooks.in_place.run_into({"x": x}, [buf])  # in place: zeros written where the runtime asks
+    stage.hooks.in_place.run_into({"x": x}, [buf])  # type: ignore[union-attr]  # in place: zeros written where the runtime asks
     assert not buf.any()
     stage.close()
 
 
-def test_two_paced_runs_on_one_device_each_take_twice_as_long(tmp_path) -> None:
+def test_two_paced_runs_on_one_device_each_take_twice_as_long(tmp_path: Path) -> None:
     import threading
     import time
 
@@ -177,9 +180,11 @@ def test_two_paced_runs_on_one_device_each_take_twice_as_long(tmp_path) -> None:
     both = threading.Barrier(2)
 
     class Inner:  # returns once both runs are in flight (each begun on the board before its call)
-        input_names, output_names, hooks = ("x",), ("y",), NO_STAGE_HOOKS
+        input_names: tuple[str, ...] = ("x",)
+        output_names: tuple[str, ...] = ("y",)
+        hooks = NO_STAGE_HOOKS
 
-        def run(self, feeds):
+        def run(self, feeds: Any) -> list[Any]:
             both.wait(10)
             return [feeds["x"]]
 
@@ -191,7 +196,7 @@ def test_two_paced_runs_on_one_device_each_take_twice_as_long(tmp_path) -> None:
     t = stages[0].modelled()[0] + dev.options["launch_s"]
     took: list[float] = []
 
-    def go(s) -> None:
+    def go(s: SimStage) -> None:
         t0 = time.perf_counter()
         s.run({"x": np.zeros(4, np.float32)})
         took.append(time.perf_counter() - t0)

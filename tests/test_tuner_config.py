@@ -4,6 +4,8 @@ tuner made by the factory."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hetsched import GovernorConfig, GovernorError
@@ -23,8 +25,9 @@ MHZ = 1_000_000
     ("occurrences_per_measurement", 0), ("tune_after", 0), ("joint_flat", 0.9),
 ])
 def test_an_out_of_range_constant_is_refused_by_name(field: str, value: float) -> None:
+    kwargs: dict[str, Any] = {field: value}  # one field by name, whatever its type
     with pytest.raises(GovernorError, match=field):
-        TunerConfig(**{field: value})
+        TunerConfig(**kwargs)
 
 
 def test_the_governor_carries_the_tuner_config_and_lowlevel_exports_it() -> None:

@@ -143,7 +143,7 @@ def test_loop_allocation_spends_the_loop_bound_where_it_saves_most(slowdown: flo
         tuner = make_tuner(SPECS, list(SPECS), slowdown=slowdown, repeats=1)
         tune_on(b, name, tuner)
         models[ph] = tuner.model()
-    per_phase = loop_measure(b, {n: models[p].best for p, n in zip(phases, names, strict=True)}, names)  # type: ignore[misc]
+    per_phase = loop_measure(b, {n: models[p].best for p, n in zip(phases, names, strict=True)}, names)  # type: ignore[union-attr, misc]  # every phase was tuned: each has a model
     alloc = allocate_loop({p: m for p, m in models.items() if m is not None}, slowdown)
     joint = loop_measure(b, {n: alloc[p].point for p, n in zip(phases, names, strict=True)}, names)
     ref = loop_measure(b, {n: b.top() for n in names}, names)

@@ -110,7 +110,7 @@ def test_misuse_is_a_twin_error() -> None:
         BoardContention(ManualClock()).end(board.begin("npu", 0.01))
     for bad in (-1.0, float("nan"), float("inf"), True):
         with pytest.raises(TwinError, match="alone_s"):
-            board.begin("npu", bad)  # type: ignore[arg-type]
+            board.begin("npu", bad)
     with pytest.raises(TwinError, match="exceeds"):
         board.begin("npu", 0.01, 0.02)
 
@@ -129,7 +129,9 @@ class _BlockingInner:
     def __init__(self, go: threading.Event) -> None:
         from hetsched.backends import NO_STAGE_HOOKS
 
-        self.input_names, self.output_names, self.hooks = ("x",), ("y",), NO_STAGE_HOOKS
+        self.input_names: tuple[str, ...] = ("x",)
+        self.output_names: tuple[str, ...] = ("y",)
+        self.hooks = NO_STAGE_HOOKS
         self.go = go
 
     def run(self, feeds: Any) -> list[Any]:
