@@ -167,6 +167,13 @@ class TreeFiles:
             seen = self._seen.pop(p, None)
             if seen is not None and st is not None and stat.S_ISREG(st.st_mode) and _content(dfd, name) != seen:
                 return p  # written again since the poll read it: the next poll applies that write
+            last = self._written.get(p)
+            if (seen is None and last is not None and p in self.knobs and st is not None and stat.S_ISREG(st.st_mode)
+                    and _content(dfd, name) != last):
+                # A knob someone wrote since the twin last rendered it (a governor restoring it while
+                # another knob's write re-renders this one): the next poll applies that write, as a
+                # kernel applies every write; rendering now would lose it.
+                return p
             if st is not None and stat.S_ISDIR(st.st_mode):
                 raise TwinError(f"cannot write {p}: a directory is in the way")
             self._replace(dfd, name, data, mode, p)
