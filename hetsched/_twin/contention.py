@@ -20,8 +20,8 @@ mean, without choosing who goes first (that is the scheduler's business, not the
 while it shares its device. When the demands of every run in flight on the board add up to
 ``U > 1``, the bus is saturated and each run's memory-bound fraction stretches by ``U``:
 ``m = 1 + d x (U - 1)``. The stall keeps the device busy (the kernel counts it as load), so a
-run's busy time is ``t x m`` and its latency ``t x m x n``. Sources
-(``/work/shared/reference/multi-model.md`` §2): HaX-CoNN (PPoPP'24) measured concurrent DNNs
+run's busy time is ``t x m`` and its latency ``t x m x n``. Sources: HaX-CoNN (Dagli and
+Belviranli, PPoPP'24; github.com/ismetdagli/HaX-CoNN) measured concurrent DNNs
 on Orin/Xavier's GPU + DLA slowing each other through shared DRAM, little while demand is low
 (the DLA model slowed 0-3 % beside a GPU model, Table 7), and models the slowdown from each
 layer group's memory-throughput demand (PCCS, MICRO'21); below saturation this model adds
