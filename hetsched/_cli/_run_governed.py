@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import time
@@ -32,9 +31,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .._errors import HetschedError, PlatformError
-from .._platform.power import TOTAL_RAIL_NAMES
 from .._platform.telemetry import Telemetry
+from .._session._board_energy import BoardRailMeter
 from ._common import Progress
 
 if TYPE_CHECKING:
@@ -69,18 +67,12 @@ def modelled_seconds(session: Session) -> float | None:
     return float(sum(st.device_busy_s.values()))
 
 
-class BoardEnergy:
-    """The board's input-rail energy over a run, from the root's measured board rail.
-
-    The rail is the one the platform layer marks as the board's input
-    (:data:`~hetsched._platform.power.TOTAL_RAIL_NAMES`: ``VDD_IN`` on a Jetson) and only a
-    *measured* one: an estimated rail (RK3588 boards have no power monitor) is a model, not
-    what the board drew, so there :attr:`source` is None and :attr:`note` says why.
-
-    A rail reading is the mean power over the interval that just ended (a sensor's averaging
-    window, a twin's last period), so each sample stands for the time since the sample before:
-    the energy is ``sum(p_i * (t_i - t_prev))`` over the samples that read the rail, ``t_prev``
-    the previous such sample (the same rule the governor's meter applies to these rails).
+class BoardEnergy(BoardRailMeter):
+    """The board's input-rail energy over a run, from the root's measured board rail: the
+    runtime's :class:`~hetsched._session._board_energy.BoardRailMeter` (its rule: each reading
+    stands for the time since the one before; only a *measured* rail, so an RK3588 without a
+    power monitor has :attr:`source` None and :attr:`note` saying why), sampled by the run's
+    own task and reported as ``hetsched run --json`` fields.
 
     :param root: the sysfs root (a twin's, or ``/``).
     :param clock: seconds, monotonic, of the board: host time on a real board and on a twin
@@ -88,64 +80,21 @@ class BoardEnergy:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rail: str | None = None
-        self.note: str | None = None
-        self.samples = 0
-        """Samples that read the rail."""
-        self.energy_j = 0.0
-        self._tm: Telemetry | None = None
-        self._last_t: float | None = None
-        try:
-            tm = Telemetry(root, clock=clock)
-        except HetschedError as exc:
-            self.note = f"the root's board could not be read: {exc}"
-            return
-        rails = [r for r in tm.platform.rails if r.is_total and r.source == "measured"]
-        if not rails:
-            names = ", ".join(sorted(TOTAL_RAIL_NAMES - {"board", "total"}))
-            self.note = (f"no measured board-input rail under {root} ({names}): "
-                         f"{'its rails are only estimated (no power monitor)' if tm.platform.rails else 'it has no power rails'}")
-            return
-        self.rail = rails[0].name
-        self._tm = tm
+        super().__init__(root, clock=clock, telemetry=Telemetry)
 
     @property
     def source(self) -> str | None:
         """``"measured: VDD_IN"``, or None without a measured board rail."""
         return None if self.rail is None else f"measured: {self.rail}"
 
-    def sample(self) -> None:
-        """Read the rail now and add its energy since the last reading.
-
-        A sample whose reading is absent (a flaky i2c read) is skipped: the next one that reads
-        stands for the time since the last one that did. Never raises: a rail that becomes
-        unreadable (permissions changed, sensor gone) ends the measurement, not the run, and
-        :meth:`fields` then reports null with the reason.
-        """
-        if self._tm is None or self.rail is None:
-            return
-        try:
-            snap = self._tm.sample_once()
-        except PlatformError as exc:
-            self.note, self.rail, self._tm = f"the {self.rail} rail became unreadable during the run: {exc}", None, None
-            return
-        rail = snap.rails.get(self.rail)
-        p = None if rail is None else rail.power_w
-        if p is None or not math.isfinite(p):
-            return
-        if self._last_t is not None and snap.time_s > self._last_t:
-            self.energy_j += p * (snap.time_s - self._last_t)
-        self._last_t = snap.time_s
-        self.samples += 1
-
     async def sample_async(self) -> None:
         """:meth:`sample` in a worker thread (on a board an INA3221 read is an i2c transaction)."""
-        if self._tm is not None:
+        if self.measuring:
             await anyio.to_thread.run_sync(self.sample)
 
     async def sample_every(self, period_s: float = BOARD_SAMPLE_PERIOD_S) -> None:
         """Sample every ``period_s`` until cancelled (a task of the run's task group)."""
-        if self._tm is None:
+        if not self.measuring:
             return
         while True:
             await anyio.sleep(period_s)

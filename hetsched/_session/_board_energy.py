@@ -19,9 +19,13 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .._errors import HetschedError
 from .._platform.power import TOTAL_RAIL_NAMES
+
+if TYPE_CHECKING:
+    from .._platform.telemetry import Telemetry
 
 __all__ = ["ENERGY_SAMPLE_PERIOD_S", "BoardRailMeter"]
 
@@ -35,20 +39,23 @@ class BoardRailMeter:
     thread, one reading at a time).
 
     :param clock: seconds, monotonic, of the board (the runtime's clock).
+    :param telemetry: the telemetry class to read the root with (default ``Telemetry``; a test
+        passes one that records its snapshots).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, clock: Callable[[], float],
+                 telemetry: type[Telemetry] | None = None) -> None:
         self.rail: str | None = None
         self.note: str | None = None
         self.samples = 0
         self.energy_j = 0.0
-        self._tm: object | None = None
+        self._tm: Telemetry | None = None
         self._last_t: float | None = None
         self._lock = threading.Lock()
         try:
             from .._platform.telemetry import Telemetry
 
-            tm = Telemetry(root, clock=clock)
+            tm = (telemetry or Telemetry)(root, clock=clock)
         except HetschedError as exc:
             self.note = f"the root's board could not be read: {exc}"
             return
@@ -68,11 +75,9 @@ class BoardRailMeter:
 
     def sample(self) -> None:
         """Read the rail now and add its energy since the last reading. Never raises."""
-        from .._platform.telemetry import Telemetry
-
         with self._lock:
             tm = self._tm
-            if not isinstance(tm, Telemetry) or self.rail is None:
+            if tm is None or self.rail is None:
                 return
             try:
                 snap = tm.sample_once()
