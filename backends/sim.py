@@ -85,6 +85,11 @@ _RKNN_ELEMENTWISE_AND_SHAPE = (
     "InstanceNormalization", "LayerNormalization", "DepthToSpace", "SpaceToDepth",
 )
 
+# TensorRT's ElementWise layer runs on DLA for Sum, Sub, Prod, Max, Min, Div, Pow (TensorRT, "DLA
+# Supported Layers and Restrictions", ElementWise); the ONNX parser builds one from each of these ops
+# (a ResNet's residual ``Sum``).
+_DLA_ELEMENTWISE = ("Sum", "Max", "Min", "Div", "Pow")
+
 # Op limits per accelerator family (docs/sources.md [rknn-ops], [trt-dla]): RKNN runs a CNN
 # core set plus reshaping/matmul (RKNN-Toolkit2 operator support list); TensorRT DLA runs
 # convolutional layers in FP16/INT8 only (no MatMul, no data-dependent shapes; TensorRT
@@ -101,7 +106,8 @@ OP_SETS: Mapping[str, Capabilities] = {
                               "LayerNormalization", "Gather"), dtypes=_FLOATS),
     "rknn": Capabilities.ops((*_CNN_CORE, "Reshape", "Flatten", "Transpose", "Gemm", "MatMul", "Split", "Slice",
                               *_RKNN_ELEMENTWISE_AND_SHAPE, *_RKNN_CONVERTS_ANYWAY), dtypes=_FLOATS),
-    "dla": Capabilities.ops((*_CNN_CORE, "Tanh"), dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
+    "dla": Capabilities.ops((*_CNN_CORE, "Tanh", *_DLA_ELEMENTWISE),
+                            dtypes=frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})),
 }
 
 _REPORTER_RETRY_S = 1.0

@@ -69,7 +69,7 @@ from _labels import MODELLED, labelled, twin
 
 from hetsched import Device, Priority, Runtime, Session, load_model
 from hetsched.backends.sim import stage_model_size, twin_devices
-from hetsched.lowlevel import GraphIndex, build_plan, extract_stage
+from hetsched.lowlevel import GraphIndex, build_plan, extract_stage, roofline
 from hetsched.policies import Reservation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -155,8 +155,7 @@ def model_plan(plan: Any, devices: Sequence[Device], index: GraphIndex) -> Model
     for s in plan.stages:
         dev = by_name[s.device]
         flops, nbytes = stage_model_size(extract_stage(index, s))
-        t_c = flops / dev.peak_flops
-        t_m = nbytes / dev.mem_bandwidth
+        t_c, t_m = roofline(dev, flops, nbytes)[1:3]
         domain = dev.options["profile_domain"]
         energy = domain.full_power_w(domain.max_hz) * t_c
         out.append(StagePlan(s.device, max(t_c, t_m) + float(dev.options["launch_s"]), t_m, energy, tuple(s.deps)))

@@ -29,6 +29,7 @@ if _typing.TYPE_CHECKING:
     from ._governor import TunerConfig as TunerConfig
     from ._governor import TunerFactory as TunerFactory
     from ._governor import TunerSettings as TunerSettings
+    from ._planning.costs import roofline as roofline
     from ._planning.graph import GraphIndex as GraphIndex
     from ._planning.partition import extract_stage as extract_stage
     from ._planning.plan import build_plan as build_plan
@@ -61,6 +62,7 @@ _LAZY: dict[str, str] = {
     "GraphIndex": "._planning.graph",
     "extract_stage": "._planning.partition",
     "build_plan": "._planning.plan",
+    "roofline": "._planning.costs",
     "pin_current_thread": "._platform.affinity",
     "BufferPool": "._runtime",
     "BufferState": "._runtime",
@@ -105,6 +107,7 @@ __all__ = (
     "pin_current_thread",
     "power_estimator_for",
     "rate_limited_copy",
+    "roofline",
 )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "launch_seconds",
     "modelled_energy_j",
     "roofline",
+    "storage_fraction",
     "sync_seconds_per_byte",
     "unit_overhead",
     "value_bytes",
@@ -153,8 +154,26 @@ def roofline(device: Device, flops: float, nbytes: float) -> tuple[float, float,
     """
     fps, bps, f = device_rates(device)
     t_c = max(0.0, flops) / fps
-    t_m = max(0.0, nbytes) / bps
+    t_m = max(0.0, nbytes) * storage_fraction(device) / bps
     return max(t_c, t_m), t_c, t_m, f
+
+
+_STORAGE_FRACTION = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25}
+# The tensor width an accelerator stores by default, where its hardware has no float32 datapath:
+# the RK3588 NPU computes int4/int8/int16/fp16/bf16/tf32 and RKNN-Toolkit2 builds float models in
+# fp16 (Rockchip, RK3588 datasheet §NPU; RKNN-Toolkit2 user guide, ``float_dtype``), NVDLA v2 computes
+# fp16/int8 only (TensorRT, "Working with DLA": DLA runs FP16 or INT8 networks).
+_DEFAULT_STORAGE = {"npu": "fp16", "dla": "fp16"}
+
+
+def storage_fraction(device: Device) -> float:
+    """The share of the analytic bytes (counted at the model's declared types, float32 for most
+    models) ``device`` moves: its ``options["precision"]`` when set (``"fp16"``: half, ``"int8"``: a
+    quarter), else its kind's storage width (fp16 on an NPU or a DLA, which have no float32
+    datapath), else 1. The planner's estimate and the twin's modelled time both apply it (in
+    :func:`roofline`)."""
+    precision = device.options.get("precision", _DEFAULT_STORAGE.get(device.kind))
+    return _STORAGE_FRACTION.get(precision, 1.0) if isinstance(precision, str) else 1.0
 
 
 def device_seconds(device: Device, flops: float, nbytes: float, boundary: BoundaryCosts | None = None) -> float:
@@ -308,7 +327,67 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
         elif ref.has_subgraph:
             flops = max(out_elems * 10.0, _bodies_flops(index, node))
         costs.append(NodeCost(float(flops), float(nbytes)))
-    return costs
+    return _fused(index, costs)
+
+
+# Ops every backend hetsched drives folds into the kernel before them: onnxruntime's graph
+# optimizations (Conv+BatchNormalization folding, Conv+activation "FusedConv", Conv+Add+Relu),
+# TensorRT's pointwise fusion (any chain of pointwise layers after a convolution or a GEMM runs in
+# its epilogue), RKNN's compiler (Conv+BN+activation, Conv+Add) and ncnn's (fuse_convolution_*
+# passes). A value such an op reads straight from a producer it fuses into stays on the chip.
+_POINTWISE = frozenset({
+    "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu",
+    "Softplus", "Mish", "Swish", "Gelu", "Erf", "Exp", "Neg", "Abs", "Sqrt", "Reciprocal", "Pow",
+    "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Max", "Min",
+})
+_FUSES_INTO = _HEAVY - {"LSTM", "GRU", "RNN"} | _POINTWISE
+# Ops whose output is a constant once its inputs are: compilers fold them at load (onnxruntime's
+# constant folding, RKNN's and TensorRT's builders), so a run never computes them.
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                         "Bernoulli"})
+
+
+def _fused(index: GraphIndex, costs: list[NodeCost]) -> list[NodeCost]:
+    """The DRAM traffic of ``costs`` (one entry per node of ``index.nodes``) after the fusions every
+    backend makes (see ``_POINTWISE``), and with load-time constants folded.
+
+    - A value computed from constants only (initializers, ``Constant``, and what depends on them
+      alone, like the ``ConstantOfShape`` weights of a generated model) is computed once at load:
+      its node costs nothing per run; its readers read it like a weight.
+    - A value produced by a kernel that pointwise ops fuse into (a convolution, a GEMM, a pointwise
+      op) and read by pointwise ops only (a Conv's output through BatchNormalization, Relu; SiLU's
+      Sigmoid and Mul both reading the Conv's output) is never written to DRAM nor read back: its
+      bytes are taken off the producer's output and each reader's input. A graph output is
+      always written.
+    The sums stay additive per node, so a stage's figure is the sum of its nodes' as before (a
+    fused edge cut by a stage boundary is counted as fused: the planner's transfer cost prices
+    the cut).
+    """
+    const: set[str] = set(index.initializers) | set(index.sparse_initializers)
+    outputs = set(index.graph_outputs)
+    out = list(costs)
+    for i, ref in enumerate(index.nodes):
+        if ref.has_subgraph or ref.op_type in _NOT_FOLDED or ref.domain not in ("", "ai.onnx"):
+            continue
+        if all(v == "" or v in const for v in ref.inputs):
+            const.update(o for o in ref.outputs if o not in outputs)
+            if all(o in const for o in ref.outputs if o):
+                out[i] = NodeCost(0.0, 0.0)
+    saved = [0.0] * len(out)
+    for i, ref in enumerate(index.nodes):
+        if ref.op_type not in _FUSES_INTO or out[i].bytes == 0.0:
+            continue
+        for o in ref.outputs:
+            if not o or o in outputs or o in const:
+                continue
+            readers = index.consumers.get(o, [])
+            if not readers or any(index.nodes[r].op_type not in _POINTWISE for r in readers):
+                continue
+            b = value_bytes(index, o)
+            saved[i] += b
+            for r in readers:
+                saved[r] += b * sum(1 for v in index.nodes[r].inputs if v == o)
+    return [c if s == 0.0 else NodeCost(c.flops, max(0.0, c.bytes - s)) for c, s in zip(out, saved, strict=True)]
 
 
 def _bodies_flops(index: GraphIndex, node: onnx.NodeProto) -> float:
