@@ -163,10 +163,15 @@ def model_plan(plan: Any, devices: Sequence[Device], index: GraphIndex) -> Model
 
 
 def reservation(name: str, plan: ModelPlan, stream: Stream, rate_hz: float) -> Reservation:
+    """What ``stream`` placed as ``plan`` reserves, as the Runtime reserves an attached session
+    (``Runtime.reservations``): its stages' seconds x its offered rate per device; a closed loop (no
+    rate) is elastic: it takes what is left on the devices it runs on, each in proportion to its
+    seconds there (``Reservation.elastic``: shared with a newcomer of its priority)."""
     share: dict[str, float] = {}
+    total = sum(st.alone_s for st in plan.stages)
     for st in plan.stages:
-        share[st.device] = share.get(st.device, 0.0) + st.alone_s * rate_hz
-    return Reservation(name, share, priority=stream.priority, slo_s=stream.slo_s)
+        share[st.device] = min(1.0, share.get(st.device, 0.0) + st.alone_s * (rate_hz or 1.0 / total))
+    return Reservation(name, share, priority=stream.priority, slo_s=stream.slo_s, elastic=not rate_hz)
 
 
 def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Stream],
@@ -184,8 +189,7 @@ def plans_for(soc: str, nets: Mapping[str, onnx.ModelProto], mix: Sequence[Strea
         plan = build_plan(indexes[model_of(s.name)], devices, reservations=tuple(reserved), priority=s.priority,
                           slo_s=s.slo_s, rate_hz=rates[s.name] or None)
         joint[s.name] = model_plan(plan, devices, indexes[model_of(s.name)])
-        if not s.clients:  # a closed loop takes what is left: it reserves nothing ahead of others
-            reserved.append(reservation(s.name, joint[s.name], s, rates[s.name]))
+        reserved.append(reservation(s.name, joint[s.name], s, rates[s.name]))
     return {"devices": [d.name for d in devices], "alone": alone, "joint": joint}
 
 

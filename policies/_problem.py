@@ -107,12 +107,20 @@ class Reservation:
     its offered rate (its stages' seconds per request on the device x requests per second; a
     closed-loop session keeps its devices busy: up to 1.0). ``priority`` is its
     :class:`hetsched.Priority` value (smaller is more urgent), ``slo_s`` its requests' deadline.
+
+    ``elastic``: the session is a closed loop (no offered rate): it keeps the devices it uses
+    busy with whatever the others leave (its ``busy_share``: where it runs, each device in
+    proportion to its seconds there). A newcomer of the same priority would split those devices
+    with it (the scheduler's fair tags within a class) and add nothing to what the board serves
+    there, so it is priced as taken, the more the more such sessions share it
+    (:meth:`PlacementProblem.contention_factor`).
     """
 
     session: str
     busy_share: Mapping[str, float]
     priority: int = 2
     slo_s: float | None = None
+    elastic: bool = False
 
     def __post_init__(self) -> None:
         for dev, share in self.busy_share.items():
@@ -127,6 +135,8 @@ class Reservation:
             isinstance(self.slo_s, (int, float)) and math.isfinite(self.slo_s) and self.slo_s > 0
         ):
             raise PlacementError(f"reservation of session {self.session!r}: slo_s {self.slo_s!r} must be > 0")
+        if not isinstance(self.elastic, bool):
+            raise PlacementError(f"reservation of session {self.session!r}: elastic {self.elastic!r} must be a bool")
 
 
 @dataclass(frozen=True)
@@ -178,7 +188,7 @@ class PlacementProblem:
         A scheduler that orders by priority class serves this model before a less urgent
         session's queued stages, so their load counts ``lower_priority_weight`` (default 0:
         they cost it at most the stage in progress, not priced); an equally or more urgent
-        session's counts fully.
+        session's counts fully (a closed loop's too: it keeps its device busy with what is left).
         """
         total = 0.0
         for r in self.reservations:
@@ -186,21 +196,35 @@ class PlacementProblem:
             total += share if r.priority <= self.priority else share * lower_priority_weight
         return total
 
+    def sharers(self, device: str) -> int:
+        """How many closed loops of this model's priority run on ``device`` (elastic reservations
+        with a share there): the scheduler's fair tags would give this model ``1 / (sharers + 1)``
+        of the device's time they take."""
+        return sum(1 for r in self.reservations
+                   if r.elastic and r.priority == self.priority and r.busy_share.get(device, 0.0) > 0.0)
+
     def contention_factor(self, device: str, *, lower_priority_weight: float = 0.0) -> float:
         """How much longer a unit takes on ``device`` for the time others keep it busy:
-        ``1 / (1 - share)``, the share capped at :data:`MAX_RESERVED_SHARE` (a device shared
-        in time gives this model what the others leave; its cost stretches accordingly)."""
+        ``(sharers + 1) / (1 - share)``, the share capped at :data:`MAX_RESERVED_SHARE` (a device
+        shared in time gives this model what the others leave; its cost stretches accordingly).
+
+        A device closed loops of this model's priority keep busy counts as taken (what they add
+        to the board's throughput a newcomer there would only split with them), and the more of
+        them it has, the more so (:meth:`sharers`): a newcomer goes where something is left, and
+        where nothing is, to the device it would share with the fewest for its speed.
+        """
         share = min(self.reserved_share(device, lower_priority_weight=lower_priority_weight), MAX_RESERVED_SHARE)
-        return 1.0 / (1.0 - share)
+        return (self.sharers(device) + 1) / (1.0 - share)
 
     def fits(self, device: str, *, lower_priority_weight: float = 0.0) -> bool:
         """Whether this model's offered load fits on ``device`` beside the reservations ahead of it:
-        ``reserved share + rate_hz x (its units' seconds there) <= 1``. False without an offered
-        rate (a closed loop, or unknown: it takes whatever is left)."""
+        ``rate_hz x (its units' seconds there) <= (1 - reserved share) / (sharers + 1)``. False
+        without an offered rate (a closed loop, or unknown: it takes whatever is left)."""
         if not self.rate_hz:
             return False
         seconds = sum(self.cost.get((u.id, device), 0.0) for u in self.units if device in u.candidates)
-        return self.reserved_share(device, lower_priority_weight=lower_priority_weight) + self.rate_hz * seconds <= 1.0
+        free = 1.0 - self.reserved_share(device, lower_priority_weight=lower_priority_weight)
+        return self.rate_hz * seconds <= free / (self.sharers(device) + 1)
 
     def contention_factors(self, *, lower_priority_weight: float = 0.0) -> dict[str, float]:
         """Per device, the factor :meth:`contended` stretches this model's costs there by."""

@@ -113,21 +113,21 @@ def test_bad_reservation_inputs_are_placement_errors(bad: object) -> None:
 
 
 def test_build_plan_places_a_second_model_where_the_first_leaves_room() -> None:
-    # the planner end to end on the rk3588 twin: SqueezeNet alone takes the Mali; a first session
-    # keeping the Mali 60 % busy at the same priority sends it to the NPU; one of a lower class
-    # (BACKGROUND, served after it) does not
+    # the planner end to end on the rk3588 twin: SqueezeNet alone takes the NPU (0.9 ms, fp16); a
+    # first session keeping the NPU 60 % busy at the same priority sends it to the Mali (1.8 ms);
+    # one of a lower class (BACKGROUND, served after it) does not
     from hetsched import load_model
     from hetsched.backends.sim import twin_devices
     from hetsched.lowlevel import GraphIndex, build_plan
 
     index, devices = GraphIndex(load_model("light_squeezenet")), twin_devices("rk3588")
-    assert {s.device for s in build_plan(index, devices).stages} == {"gpu"}
-    first = Reservation("first", {"gpu": 0.6}, priority=Priority.NORMAL)
+    assert {s.device for s in build_plan(index, devices).stages} == {"npu"}
+    first = Reservation("first", {"npu": 0.6}, priority=Priority.NORMAL)
     joint = build_plan(index, devices, reservations=(first,), priority=Priority.NORMAL)
-    assert {s.device for s in joint.stages} == {"npu"}
-    behind = Reservation("bulk", {"gpu": 0.6}, priority=Priority.BACKGROUND)
+    assert {s.device for s in joint.stages} == {"gpu"}
+    behind = Reservation("bulk", {"npu": 0.6}, priority=Priority.BACKGROUND)
     urgent = build_plan(index, devices, reservations=(behind,), priority=Priority.HIGH)
-    assert {s.device for s in urgent.stages} == {"gpu"}
+    assert {s.device for s in urgent.stages} == {"npu"}
 
 
 @pytest.mark.parametrize("policy_cls", POLICIES)
@@ -146,3 +146,41 @@ def test_a_model_without_slo_whose_load_fits_stays_on_the_cheap_device(policy_cl
     assert devices_of(loop, policy_cls()) == {"gpu"}
     with pytest.raises(PlacementError, match="rate_hz"):
         chain(1, 0.01, 0.02, rate_hz=-1.0)
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_closed_loops_of_one_class_spread_over_the_devices(policy_cls: type) -> None:
+    # a BACKGROUND closed loop (elastic) keeps the NPU busy: a second one goes to the slower, idle GPU
+    # (there it adds to what the board serves; on the NPU it would only split it)
+    first = Reservation("bg0", {"npu": 1.0}, priority=Priority.BACKGROUND, elastic=True)
+    second = chain(3, 0.010, 0.015, reservations=(first,), priority=Priority.BACKGROUND)
+    assert second.sharers("npu") == 1 and second.sharers("gpu") == 0
+    assert devices_of(second, policy_cls()) == {"gpu"}
+    # with both taken, the next one shares the device with the fewest loops for its speed:
+    # the NPU with three (4 x 20 x 10 ms) against the GPU with one (2 x 20 x 15 ms)
+    taken = (first, *(Reservation(f"bg{i}", {"npu": 1.0}, priority=Priority.BACKGROUND, elastic=True)
+                      for i in (1, 2)),
+             Reservation("bg3", {"gpu": 1.0}, priority=Priority.BACKGROUND, elastic=True))
+    fifth = chain(3, 0.010, 0.015, reservations=taken, priority=Priority.BACKGROUND)
+    assert fifth.contention_factor("npu") == pytest.approx(4 * 20.0)
+    assert fifth.contention_factor("gpu") == pytest.approx(2 * 20.0)
+    assert devices_of(fifth, policy_cls()) == {"gpu"}
+    # loops of another class are no sharers: a HIGH model is served before them (not priced, weight 0)
+    urgent = chain(3, 0.010, 0.015, reservations=taken, priority=Priority.HIGH)
+    assert urgent.sharers("npu") == 0 and urgent.contention_factor("npu") == pytest.approx(1.0)
+    assert devices_of(urgent, policy_cls()) == {"npu"}
+
+
+def test_an_offered_load_fits_beside_closed_loops_of_its_class_only_in_its_fair_share() -> None:
+    # beside a HIGH detector (20 % of the NPU) alone, 3 units x 10 ms x 15 req/s = 45 % fits
+    det = Reservation("det", {"npu": 0.2}, priority=Priority.HIGH, slo_s=0.033)
+    assert chain(3, 0.010, 0.015, reservations=(det,), priority=Priority.NORMAL, rate_hz=15.0).fits("npu")
+    # a closed loop of its class keeping the rest busy: nothing is left beside it
+    loop = Reservation("cls", {"npu": 0.8}, priority=Priority.NORMAL, elastic=True)
+    assert not chain(3, 0.010, 0.015, reservations=(det, loop), priority=Priority.NORMAL, rate_hz=1.0).fits("npu")
+    # one measured at 30 % so far: the newcomer's fair half of the 50 % left, 25 % (8 req/s: 24 %; 9: 27 %)
+    half = Reservation("cls", {"npu": 0.3}, priority=Priority.NORMAL, elastic=True)
+    assert chain(3, 0.010, 0.015, reservations=(det, half), priority=Priority.NORMAL, rate_hz=8.0).fits("npu")
+    assert not chain(3, 0.010, 0.015, reservations=(det, half), priority=Priority.NORMAL, rate_hz=9.0).fits("npu")
+    with pytest.raises(PlacementError, match="elastic"):
+        Reservation("x", {"npu": 0.1}, elastic="yes")  # type: ignore[arg-type]

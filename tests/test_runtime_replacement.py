@@ -241,3 +241,42 @@ async def test_the_runtimes_placement_monitor_re_places_on_its_own(anyio_backend
             await a.run(x)
     # closed: the monitor stopped with the runtime (its task group joined)
     assert rt.sessions == ()
+
+
+@pytest.mark.anyio
+async def test_a_session_opened_after_another_sees_its_plan_before_either_has_run(anyio_backend: str) -> None:
+    # Runtime.reservations: the installed plan's expected load, before any request is measured: a
+    # closed loop (no rate_hz) is elastic on the devices its plan uses; a declared rate reserves
+    # rate x the plan's seconds there. Two closed loops of one class opened one after the other
+    # spread over the board's two devices; a light open-loop session does not push anyone away.
+    from hetsched._runtime._clock import VirtualClock
+    from hetsched.testing import FakeBackend, fake_device
+
+    def _matmul() -> onnx.ModelProto:  # 2 x 256^3 FLOPs: 0.84 ms on "fast", 3.4 ms on "slow"
+        w = helper.make_tensor("w", TensorProto.FLOAT, [256, 256], np.ones(256 * 256, np.float32))
+        m = helper.make_model(helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])], initializer=[w]),
+            opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    learn = hetsched.Adaptation(learn_costs=False)
+    with FakeBackend("fake-plan"):
+        fast = fake_device("fast", backend="fake-plan", peak_flops=4e10)
+        slow = fake_device("slow", backend="fake-plan", peak_flops=1e10)
+        async with Runtime(devices=[fast, slow], clock=VirtualClock(), replacement=None) as rt, \
+                Session(_matmul(), runtime=rt, policy="heft", name="light", rate_hz=10.0, adaptation=learn) as light:
+            assert {st.device for st in light.plan.stages} == {"fast"}
+            (res,) = rt.reservations()
+            per_request = sum(light.plan.stage_costs().values())
+            assert not res.elastic and res.busy_share["fast"] == pytest.approx(10.0 * per_request)
+            async with Session(_matmul(), runtime=rt, policy="heft", name="a", adaptation=learn) as a, \
+                    Session(_matmul(), runtime=rt, policy="heft", name="b", adaptation=learn) as b:
+                assert {st.device for st in a.plan.stages} == {"fast"}  # 10 req/s leave it room
+                assert {st.device for st in b.plan.stages} == {"slow"}  # a keeps "fast" busy
+                by_name = {r.session: r for r in rt.reservations()}
+                assert by_name["a"].elastic and dict(by_name["a"].busy_share) == {"fast": 1.0}
+                assert by_name["b"].elastic and dict(by_name["b"].busy_share) == {"slow": 1.0}
+                assert a.statistics().requests_completed == b.statistics().requests_completed == 0

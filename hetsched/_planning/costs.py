@@ -19,6 +19,7 @@ from hetsched.backends import Device
 from .._errors import NotRegularFileError, ProfileError
 from .._platform.files import read_regular_file
 from .graph import GraphIndex, outer_scope_reads
+from .partition import constant_nodes
 
 __all__ = [
     "BOUNDARY",
@@ -341,19 +342,14 @@ _POINTWISE = frozenset({
     "BatchNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Max", "Min",
 })
 _FUSES_INTO = _HEAVY - {"LSTM", "GRU", "RNN"} | _POINTWISE
-# Ops whose output is a constant once its inputs are: compilers fold them at load (onnxruntime's
-# constant folding, RKNN's and TensorRT's builders), so a run never computes them.
-_NOT_FOLDED = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                         "Bernoulli"})
-
-
 def _fused(index: GraphIndex, costs: list[NodeCost]) -> list[NodeCost]:
     """The DRAM traffic of ``costs`` (one entry per node of ``index.nodes``) after the fusions every
     backend makes (see ``_POINTWISE``), and with load-time constants folded.
 
-    - A value computed from constants only (initializers, ``Constant``, and what depends on them
-      alone, like the ``ConstantOfShape`` weights of a generated model) is computed once at load:
-      its node costs nothing per run; its readers read it like a weight.
+    - A value computed from constants only (:func:`~hetsched._planning.partition.constant_nodes`:
+      initializers, ``Constant``, and what depends on them alone, like the ``ConstantOfShape``
+      weights of a generated model) is folded at load (onnxruntime's constant folding, RKNN's
+      and TensorRT's builders): its node costs nothing per run; its readers read it like a weight.
     - A value produced by a kernel that pointwise ops fuse into (a convolution, a GEMM, a pointwise
       op) and read by pointwise ops only (a Conv's output through BatchNormalization, Relu; SiLU's
       Sigmoid and Mul both reading the Conv's output) is never written to DRAM nor read back: its
@@ -363,16 +359,14 @@ def _fused(index: GraphIndex, costs: list[NodeCost]) -> list[NodeCost]:
     fused edge cut by a stage boundary is counted as fused: the planner's transfer cost prices
     the cut).
     """
-    const: set[str] = set(index.initializers) | set(index.sparse_initializers)
     outputs = set(index.graph_outputs)
+    flags = constant_nodes(index)
     out = list(costs)
+    const: set[str] = set(index.initializers) | set(index.sparse_initializers)
     for i, ref in enumerate(index.nodes):
-        if ref.has_subgraph or ref.op_type in _NOT_FOLDED or ref.domain not in ("", "ai.onnx"):
-            continue
-        if all(v == "" or v in const for v in ref.inputs):
-            const.update(o for o in ref.outputs if o not in outputs)
-            if all(o in const for o in ref.outputs if o):
-                out[i] = NodeCost(0.0, 0.0)
+        if flags[i] and not any(o in outputs for o in ref.outputs):
+            const.update(ref.outputs)
+            out[i] = NodeCost(0.0, 0.0)
     saved = [0.0] * len(out)
     for i, ref in enumerate(index.nodes):
         if ref.op_type not in _FUSES_INTO or out[i].bytes == 0.0:

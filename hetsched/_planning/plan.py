@@ -360,13 +360,23 @@ class _Contention:
 
 class _UnitGraph:
     """The units' dependency graph: per unit its predecessor and successor units (in first-seen
-    order), and the bytes on each edge (each value's size counted once per reading unit)."""
+    order), and the bytes on each edge (each value's size counted once per reading unit).
+
+    A unit computing constants only (:func:`constant_nodes`, no graph output among them) is
+    rematerialized in every stage reading it (:func:`merge_stages`): nothing crosses a boundary
+    from it per request, so it has no edges (a generated model's ``ConstantOfShape`` weights
+    would otherwise price every convolution's weights as a transfer from wherever the
+    constant was placed, and tie the convolutions to that device)."""
 
     def __init__(self, index: GraphIndex, drafts: Sequence[UnitDraft]):
         node_unit = [0] * len(index.nodes)
         for u in drafts:
             for nid in u.nodes:
                 node_unit[nid] = u.id
+        const = constant_nodes(index)
+        outputs = set(index.graph_outputs)
+        const_unit = [bool(u.nodes) and all(const[n] for n in u.nodes)
+                      and not any(o in outputs for n in u.nodes for o in index.nodes[n].outputs) for u in drafts]
         preds: list[dict[int, None]] = [{} for _ in drafts]
         succs: list[dict[int, None]] = [{} for _ in drafts]
         edges: dict[tuple[int, int], float] = {}
@@ -382,7 +392,7 @@ class _UnitGraph:
                     if p is None:
                         continue
                     pu = node_unit[p]
-                    if pu != uid:
+                    if pu != uid and not const_unit[pu]:
                         preds_u[pu] = None
                         succs[pu][uid] = None
                         vb = nbytes_of.get(v)

@@ -152,7 +152,8 @@ class Lifecycle:
             self.name, self.tenant = runtime.attach(
                 self.name, dispatch=self.dispatch, costs=self.costs, learn_costs=self.adaptation.learn_costs,
                 weight=self._weight, max_in_flight=self._max_in_flight, slo_s=self._slo_s, energy=self._energy,
-                closer=self.close_attached, priority=self.priority, replan=self._replan_for_runtime)
+                closer=self.close_attached, priority=self.priority, replan=self._replan_for_runtime,
+                rate_hz=self.rate_hz, expected=self._expected_seconds)
             self.adapter = Adapter(config=self.adaptation.replanning, scheduler=self.tenant, dispatch=self.dispatch,
                                    plan_fn=self.plan_and_compile, install=self.install, sample=self.sample_states,
                                    perf=self.clock.perf_counter)
@@ -291,6 +292,19 @@ class Lifecycle:
         if self._sampler is None:
             self._sampler = BoardSampler(self.root, power_budget_w=self._power_budget)
         return self._sampler.sample(self.devices)
+
+    def _expected_seconds(self) -> dict[str, float]:
+        """Per device, the expected seconds one request of the installed plan spends there
+        (:meth:`Plan.stage_costs`; empty before the first plan): what the runtime reserves for
+        this session before its load is measured. Any thread."""
+        plan = self.plan
+        if plan is None:
+            return {}
+        out: dict[str, float] = {}
+        for sid, sec in plan.stage_costs().items():
+            dev = plan.stages[sid].device
+            out[dev] = out.get(dev, 0.0) + sec
+        return out
 
     def plan_and_compile(self, excluded: Sequence[str], sampled: Mapping[str, DeviceState],
                          use_costs: bool) -> tuple[Plan, list[StageRuntime]]:

@@ -43,7 +43,7 @@ import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -147,11 +147,14 @@ class RuntimeStatistics:
 class _Attached:
     """What the runtime keeps of an attached session."""
 
-    def __init__(self, name: str, tenant: Tenant, energy: Any, priority: int, attached_at: float):
+    def __init__(self, name: str, tenant: Tenant, energy: Any, priority: int, attached_at: float,
+                 rate_hz: float | None = None, expected: Callable[[], Mapping[str, float]] | None = None):
         self.name = name
         self.tenant = tenant
         self.priority = priority
         self.attached_at = attached_at
+        self.rate_hz = rate_hz  # the offered requests/s it declared (None: a closed loop, or unknown)
+        self.expected = expected  # () -> per device, seconds per request of its installed plan
         self.replan: Any = None  # the session's re-plan (async, reason -> plan), for Runtime.replace()
         self.energy = energy  # () -> joules or None: the session's statistics().energy_j
         self.final: TenantStatistics | None = None
@@ -331,7 +334,8 @@ class Runtime:
 
     def attach(self, name: str | None, *, dispatch: HookDispatcher, costs: Any, learn_costs: bool,
                weight: float, max_in_flight: int | None, slo_s: float | None, energy: Any,
-               closer: Any, priority: int = 2, replan: Any = None) -> tuple[str, Tenant]:
+               closer: Any, priority: int = 2, replan: Any = None, rate_hz: float | None = None,
+               expected: Callable[[], Mapping[str, float]] | None = None) -> tuple[str, Tenant]:
         """Attach a session (its ``__aenter__``; event loop): a tenant of the board's scheduler.
         Returns the unique name it got (``name``, or ``name#2`` when taken) and the tenant.
 
@@ -351,7 +355,7 @@ class Runtime:
             for mine in self._handed:
                 if h is mine:
                     mine.label(unique)
-        entry = _Attached(unique, tenant, energy, priority, self.clock.monotonic())
+        entry = _Attached(unique, tenant, energy, priority, self.clock.monotonic(), rate_hz, expected)
         entry.closer = closer
         entry.replan = replan
         self._attached.append(entry)
@@ -374,9 +378,18 @@ class Runtime:
 
     def reservations(self, *, except_session: str | None = None) -> tuple[Reservation, ...]:
         """The load every attached session (but ``except_session``) puts on the board's devices,
-        as plain data for joint placement (``PlacementProblem.reservations``): per device, the
-        share of the runtime's time its stages kept the device busy since it attached (capped at
-        1), with its default priority and SLO. Any thread."""
+        as plain data for joint placement (``PlacementProblem.reservations``), with its default
+        priority and SLO. Any thread.
+
+        Per device, the share of the runtime's time its stages kept the device busy since it
+        attached (measured, capped at 1), and at least what its installed plan expects there:
+        a session that declared ``rate_hz`` reserves its plan's seconds per request on the device
+        x that rate; one that did not (a closed loop, or unknown) is *elastic*
+        (``Reservation.elastic``): it takes what the others leave on the devices its plan uses,
+        each in proportion to its seconds there (a request in flight is on one device at a time).
+        So a session opened right after another sees where the first will run before it has
+        run, and closed loops of one class spread over the devices instead of piling onto one.
+        """
         from hetsched.policies import Reservation
 
         now = self.clock.monotonic()
@@ -387,7 +400,13 @@ class Runtime:
             span = now - e.attached_at
             busy = e.tenant.statistics().busy_s
             share = {dev: min(1.0, sec / span) for dev, sec in busy.items() if sec > 0} if span > 0 else {}
-            out.append(Reservation(e.name, MappingProxyType(share), e.priority, e.tenant.slo_s))
+            expected = dict(e.expected()) if e.expected is not None else {}
+            total = sum(expected.values())
+            for dev, sec in expected.items():
+                want = sec * e.rate_hz if e.rate_hz else (sec / total if total > 0 else 0.0)
+                share[dev] = min(1.0, max(share.get(dev, 0.0), want))
+            out.append(Reservation(e.name, MappingProxyType(share), e.priority, e.tenant.slo_s,
+                                   elastic=e.rate_hz is None))
         return tuple(out)
 
     def placement_snapshot(self) -> PlacementSnapshot:
