@@ -182,16 +182,19 @@ class PlacementProblem:
         ):
             raise PlacementError(f"PlacementProblem.slo_s = {self.slo_s!r}: must be a finite number of seconds > 0")
 
-    def reserved_share(self, device: str, *, lower_priority_weight: float = 0.0) -> float:
+    def reserved_share(self, device: str, *, lower_priority_weight: float = 0.0, loops: bool = True) -> float:
         """The share of ``device``'s time the other sessions keep it busy *ahead of this model*.
 
         A scheduler that orders by priority class serves this model before a less urgent
         session's queued stages, so their load counts ``lower_priority_weight`` (default 0:
         they cost it at most the stage in progress, not priced); an equally or more urgent
-        session's counts fully (a closed loop's too: it keeps its device busy with what is left).
+        session's counts fully (a closed loop's too: it keeps its device busy with what is left;
+        ``loops=False`` leaves out the closed loops of this model's priority, :meth:`sharers`).
         """
         total = 0.0
         for r in self.reservations:
+            if not loops and r.elastic and r.priority == self.priority:
+                continue
             share = r.busy_share.get(device, 0.0)
             total += share if r.priority <= self.priority else share * lower_priority_weight
         return total
@@ -212,8 +215,18 @@ class PlacementProblem:
         to the board's throughput a newcomer there would only split with them), and the more of
         them it has, the more so (:meth:`sharers`): a newcomer goes where something is left, and
         where nothing is, to the device it would share with the fewest for its speed.
+        :meth:`contended` prices a unit for which nothing is left where it runs as efficiently
+        by :meth:`sharing_factor` instead.
         """
         share = min(self.reserved_share(device, lower_priority_weight=lower_priority_weight), MAX_RESERVED_SHARE)
+        return (self.sharers(device) + 1) / (1.0 - share)
+
+    def sharing_factor(self, device: str, *, lower_priority_weight: float = 0.0) -> float:
+        """What a unit's time on ``device`` stretches by when this model splits it with the closed
+        loops of its priority there: ``(sharers + 1) / (1 - share of the others)`` (its fair part
+        of what the others leave, the share capped at :data:`MAX_RESERVED_SHARE`)."""
+        share = min(self.reserved_share(device, lower_priority_weight=lower_priority_weight, loops=False),
+                    MAX_RESERVED_SHARE)
         return (self.sharers(device) + 1) / (1.0 - share)
 
     def fits(self, device: str, *, lower_priority_weight: float = 0.0) -> bool:
@@ -240,11 +253,35 @@ class PlacementProblem:
         others' work (its latency); without one, a closed loop's share of what the others leave
         (its throughput, ``1 / (1 - share)`` again); a model without an SLO whose offered load
         :meth:`fits` on a device needs only that capacity there, so that device is not priced
-        (no latency to protect: it stays where it is cheapest, energy included)."""
+        (no latency to protect: it stays where it is cheapest, energy included).
+
+        A device closed loops of this model's priority keep busy is priced as taken
+        (:meth:`contention_factor`) for a unit that has a candidate where nothing of its class
+        runs yet and where a run costs no more energy (or either energy is unknown): spreading
+        there adds to the board's throughput without raising its joules per request. A unit
+        without such a candidate (the others would run it far less efficiently: a CNN's
+        convolution on CPU cores beside a busy NPU) is priced by its fair share of the busy
+        device instead (:meth:`sharing_factor`), so it shares the efficient device."""
         if not self.reservations:
             return self
-        factor = self.contention_factors(lower_priority_weight=lower_priority_weight)
-        cost = {(u, d): c * factor.get(d, 1.0) for (u, d), c in self.cost.items()}
+        w = lower_priority_weight
+        factor = self.contention_factors(lower_priority_weight=w)
+        busy = {d for d in self.devices if self.sharers(d)}
+        sharing = {d: self.sharing_factor(d, lower_priority_weight=w) for d in busy}
+        energy = self.energy
+        cost: dict[tuple[int, str], float] = {}
+        by_id = {u.id: u for u in self.units} if busy else {}
+        for (u, d), c in self.cost.items():
+            f = factor.get(d, 1.0)
+            if d in sharing:
+                e = energy.get((u, d))
+                unit = by_id.get(u)
+                spreads = unit is not None and any(
+                    o not in busy and (e is None or energy.get((u, o)) is None or energy[(u, o)] <= e)
+                    for o in unit.candidates if o != d)
+                if not spreads:
+                    f = sharing[d]
+            cost[(u, d)] = c * f
         return replace(self, cost=cost, reservations=())
 
     def energy_excess_j(self, unit: Unit) -> dict[str, float]:

@@ -184,3 +184,26 @@ def test_an_offered_load_fits_beside_closed_loops_of_its_class_only_in_its_fair_
     assert not chain(3, 0.010, 0.015, reservations=(det, half), priority=Priority.NORMAL, rate_hz=9.0).fits("npu")
     with pytest.raises(PlacementError, match="elastic"):
         Reservation("x", {"npu": 0.1}, elastic="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_a_closed_loop_spreads_only_where_its_requests_cost_no_more_energy(policy_cls: type) -> None:
+    # a BACKGROUND loop keeps the NPU busy; the idle GPU is slower (15 ms vs 10 ms a unit)
+    first = Reservation("bg0", {"npu": 1.0}, priority=Priority.BACKGROUND, elastic=True)
+
+    def second(gpu_j: float | None) -> PlacementProblem:
+        energy = {(u, "npu"): 0.01 for u in range(3)}
+        if gpu_j is not None:
+            energy.update({(u, "gpu"): gpu_j for u in range(3)})
+        return chain(3, 0.010, 0.015, reservations=(first,), priority=Priority.BACKGROUND, energy=energy)
+
+    # the GPU runs a unit for less energy (or unknown): spreading adds throughput for no more J/request
+    assert devices_of(second(0.005), policy_cls()) == {"gpu"}
+    assert devices_of(second(None), policy_cls()) == {"gpu"}
+    # 100x the NPU's joules (ResNet-50 on CPU cores beside a busy NPU): it shares the NPU instead,
+    # priced by its fair half of it (2 x 10 ms), not as taken
+    costly = second(1.0)
+    assert devices_of(costly, policy_cls()) == {"npu"}
+    assert costly.sharing_factor("npu") == pytest.approx(2.0)
+    assert costly.contended().cost[(0, "npu")] == pytest.approx(0.020)
+    assert second(0.005).contended().cost[(0, "npu")] == pytest.approx(0.010 * 2 * 20.0)

@@ -39,6 +39,7 @@ from .costs import (
     device_rates,
     device_seconds,
     modelled_energy_j,
+    storage_fraction,
     sync_seconds_per_byte,
     unit_overhead,
     value_bytes,
@@ -424,9 +425,11 @@ def _price_units(index: GraphIndex, drafts: Sequence[UnitDraft], graph: _UnitGra
     out = _Priced()
     cost, energy = out.cost, out.energy
     cands_of: dict[int, tuple[str, ...]] = {}  # per capability mask
-    # Per device, its rates now (a twin device's clocks are read once per plan, not per unit).
+    # Per device, its rates now (a twin device's clocks are read once per plan, not per unit), the
+    # bytes rate in analytic bytes (its storage width applied, as roofline does).
     # Energy is linear in FLOPs (modelled_energy_j): joules per FLOP once per device.
-    rates = {d.name: (*device_rates(d)[:2], unit_overhead(d, boundary), modelled_energy_j(d, 1.0)) for d in devices}
+    rates = {d.name: (device_rates(d)[0], device_rates(d)[1] / storage_fraction(d), unit_overhead(d, boundary),
+                      modelled_energy_j(d, 1.0)) for d in devices}
     factor = {d: 1.0 if costs is None else costs.factor(d) for d in names}
     nodes_ref = index.nodes
     for u in drafts:
