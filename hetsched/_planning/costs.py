@@ -351,9 +351,11 @@ def _fused(index: GraphIndex, costs: list[NodeCost]) -> list[NodeCost]:
       weights of a generated model) is folded at load (onnxruntime's constant folding, RKNN's
       and TensorRT's builders): its node costs nothing per run; its readers read it like a weight.
     - A value produced by a kernel that pointwise ops fuse into (a convolution, a GEMM, a pointwise
-      op) and read by pointwise ops only (a Conv's output through BatchNormalization, Relu; SiLU's
-      Sigmoid and Mul both reading the Conv's output) is never written to DRAM nor read back: its
-      bytes are taken off the producer's output and each reader's input. A graph output is
+      op) and read only by pointwise ops fused into the same kernel (a Conv's output through
+      BatchNormalization, Relu; SiLU's Sigmoid and Mul both reading the Conv's output) is never
+      written to DRAM nor read back: its bytes are taken off the producer's output and each
+      reader's input. A pointwise op fuses into one kernel only (the latest it reads from): of a
+      residual ``Add``'s two branches the other one is written and read back. A graph output is
       always written.
     The sums stay additive per node, so a stage's figure is the sum of its nodes' as before (a
     fused edge cut by a stage boundary is counted as fused: the planner's transfer cost prices
@@ -367,20 +369,37 @@ def _fused(index: GraphIndex, costs: list[NodeCost]) -> list[NodeCost]:
         if flags[i] and not any(o in outputs for o in ref.outputs):
             const.update(ref.outputs)
             out[i] = NodeCost(0.0, 0.0)
+    # Fusion groups, in the graph's (topological) order: a convolution or a GEMM heads one; a
+    # pointwise op joins the group of the latest producer it reads a fusable value from (a kernel
+    # fuses into one epilogue: of a residual Add's two branches, the other is written and read
+    # back), else heads its own (a chain of pointwise ops fuses by itself).
+    nodes = index.nodes
+    producer = index.producer
+    group = list(range(len(nodes)))
+    for i, ref in enumerate(nodes):
+        if ref.op_type not in _POINTWISE:
+            continue
+        latest = -1
+        for v in ref.inputs:
+            p = producer.get(v, -1)
+            if p > latest and nodes[p].op_type in _FUSES_INTO and v not in const and v not in outputs:
+                latest = p
+        if latest >= 0:
+            group[i] = group[latest]
     saved = [0.0] * len(out)
-    for i, ref in enumerate(index.nodes):
+    for i, ref in enumerate(nodes):
         if ref.op_type not in _FUSES_INTO or out[i].bytes == 0.0:
             continue
         for o in ref.outputs:
             if not o or o in outputs or o in const:
                 continue
             readers = index.consumers.get(o, [])
-            if not readers or any(index.nodes[r].op_type not in _POINTWISE for r in readers):
-                continue
+            if not readers or any(group[r] != group[i] for r in readers):
+                continue  # read outside its group (or by a non-pointwise op): written to DRAM
             b = value_bytes(index, o)
             saved[i] += b
             for r in readers:
-                saved[r] += b * sum(1 for v in index.nodes[r].inputs if v == o)
+                saved[r] += b * sum(1 for v in nodes[r].inputs if v == o)
     return [c if s == 0.0 else NodeCost(c.flops, max(0.0, c.bytes - s)) for c, s in zip(out, saved, strict=True)]
 
 
