@@ -85,8 +85,8 @@ _RKNN_ELEMENTWISE_AND_SHAPE = (
     "InstanceNormalization", "LayerNormalization", "DepthToSpace", "SpaceToDepth",
 )
 
-# TensorRT's ElementWise layer runs on DLA for Sum, Sub, Prod, Max, Min, Div, Pow (TensorRT, "DLA
-# Supported Layers and Restrictions", ElementWise); the ONNX parser builds one from each of these ops
+# TensorRT's ElementWise layer runs on DLA for Sum, Sub, Prod, Max, Min, Div, Pow (docs/sources.md
+# [trt-dla-layers]); the ONNX parser builds one from each of these ops
 # (a ResNet's residual ``Sum``).
 _DLA_ELEMENTWISE = ("Sum", "Max", "Min", "Div", "Pow")
 

@@ -160,7 +160,8 @@ def roofline(device: Device, flops: float, nbytes: float) -> tuple[float, float,
 
 
 _STORAGE_FRACTION = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25}
-# The tensor width an accelerator stores by default, where its hardware has no float32 datapath:
+# The tensor width an accelerator stores by default, where its hardware has no float32 datapath
+# (docs/sources.md [rknn-fp16], [trt-dla]):
 # the RK3588 NPU computes int4/int8/int16/fp16/bf16/tf32 and RKNN-Toolkit2 builds float models in
 # fp16 (Rockchip, RK3588 datasheet §NPU; RKNN-Toolkit2 user guide, ``float_dtype``), NVDLA v2 computes
 # fp16/int8 only (TensorRT, "Working with DLA": DLA runs FP16 or INT8 networks).
@@ -331,7 +332,8 @@ def analytic_node_costs(index: GraphIndex) -> list[NodeCost]:
     return _fused(index, costs)
 
 
-# Ops every backend hetsched drives folds into the kernel before them: onnxruntime's graph
+# Ops every backend hetsched drives folds into the kernel before them (docs/sources.md [trt-fusion],
+# [ort-fusion]): onnxruntime's graph
 # optimizations (Conv+BatchNormalization folding, Conv+activation "FusedConv", Conv+Add+Relu),
 # TensorRT's pointwise fusion (any chain of pointwise layers after a convolution or a GEMM runs in
 # its epilogue), RKNN's compiler (Conv+BN+activation, Conv+Add) and ncnn's (fuse_convolution_*
