@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONVERT_TIMEOUT_S",
-    "INSTALL",
     "COSINE_FLOOR",
+    "INSTALL",
     "NCNN_OPS",
     "Converted",
     "VulkanInfo",
@@ -111,7 +111,7 @@ def versions() -> tuple[str, str]:
         from importlib.metadata import version
 
         pv = version("pnnx")
-    except Exception:  # noqa: BLE001 - a pnnx on PATH without metadata: its binary's identity
+    except Exception:  # a pnnx on PATH without metadata: its binary's identity
         exe = pnnx_path()
         st = os.stat(exe)
         pv = f"binary:{st.st_size}:{int(st.st_mtime)}"
@@ -154,7 +154,7 @@ def vulkan_devices() -> list[VulkanInfo]:
         api = int(info.api_version())
         try:
             budget: int | None = int(ncnn.get_gpu_device(i).get_heap_budget())
-        except Exception:  # noqa: BLE001 - a driver that cannot say
+        except Exception:  # a driver that cannot say
             budget = None
         out.append(VulkanInfo(i, str(info.device_name()), _TYPES.get(int(info.type()), str(info.type())),
                               int(info.vendor_id()), int(info.driver_version()),

@@ -39,9 +39,9 @@ __all__ = [
     "BuildSettings",
     "Profile",
     "SupportReport",
+    "bake_static_shapes",
     "build_serialized_engine",
     "build_settings",
-    "bake_static_shapes",
     "configure_builder",
     "create_network",
     "dla_available",
@@ -100,7 +100,7 @@ def parse_version(text: str) -> tuple[int, ...]:
 def dla_available(version: Sequence[int]) -> bool:
     """Whether this TensorRT version builds for DLA (10.0-10.7, and 11.4.1 on)."""
     v = tuple(version)
-    return (10,) <= v[:1] and v[:2] <= (10, 7) or v[:3] >= (11, 4, 1)
+    return (v[:1] >= (10,) and v[:2] <= (10, 7)) or v[:3] >= (11, 4, 1)
 
 
 # -- what the parser supports -------------------------------------------------------------
