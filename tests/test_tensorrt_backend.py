@@ -204,7 +204,7 @@ def test_precision_rules_per_version_and_device() -> None:
     with pytest.raises(CompileError, match="QuantizeLinear"):
         _settings(precision="int8")
     assert _settings(_qdq_model(), precision="int8").precision == "int8"
-    with pytest.raises(CompileError, match="removed BuilderFlag.FP16"):
+    with pytest.raises(CompileError, match=r"removed BuilderFlag\.FP16"):
         _settings(version=(11, 5, 0), precision="fp16")
     assert _settings(version=(10, 3, 0), precision="fp16").precision == "fp16"
     half = _model(op="Cast")
@@ -218,7 +218,7 @@ def test_free_dimensions_need_a_shape_and_dla_takes_no_ranges() -> None:
     dyn = _model("N")
     with pytest.raises(CompileError, match=r"input 'x' has free dimension\(s\) \[0\]"):
         _settings(dyn)
-    with pytest.raises(CompileError, match="'x'.*DLA runs static shapes only"):
+    with pytest.raises(CompileError, match=r"'x'.*DLA runs static shapes only"):
         _settings(dyn, dla=0)
     with pytest.raises(CompileError, match="input 'x': DLA runs static shapes only"):
         _settings(dyn, dla=0, profiles={"x": ((1, 4), (2, 4), (8, 4))})
@@ -289,7 +289,7 @@ class _RecordingTrt(types.ModuleType):
         self.DeviceType = _Enum("DeviceType", GPU=-1, DLA=-1)
         self.parser: _Parser | None = None
 
-    def Builder(self, logger: Any) -> _Recorder:  # noqa: N802 - TensorRT's name
+    def Builder(self, logger: Any) -> _Recorder:  # TensorRT's name
         log = self.log
         network = types.SimpleNamespace(num_inputs=1, get_input=lambda i: _Tensor("x", self._input_shape))
 
@@ -307,7 +307,7 @@ class _RecordingTrt(types.ModuleType):
         object.__setattr__(builder, "build_serialized_network", build_serialized_network)
         return builder
 
-    def OnnxParser(self, network: Any, logger: Any) -> _Parser:  # noqa: N802 - TensorRT's name
+    def OnnxParser(self, network: Any, logger: Any) -> _Parser:  # TensorRT's name
         self.parser = _Parser(self._subgraphs, log=self.log)
         return self.parser
 
@@ -355,7 +355,7 @@ def test_dla_build_targets_the_core_with_gpu_fallback() -> None:
 
 def test_dla_refuses_a_dynamic_network_input_by_name() -> None:
     trt = _RecordingTrt("10.3.0", input_shape=(-1, 4))
-    with pytest.raises(CompileError, match="input 'x' has a dynamic shape.*DLA runs static shapes only"):
+    with pytest.raises(CompileError, match=r"input 'x' has a dynamic shape.*DLA runs static shapes only"):
         _build(trt, _settings(dla=0))
     assert _calls(trt, "builder.build_serialized_network") == []
 
@@ -379,16 +379,16 @@ class _RecordingCudart:
 
     cudaError_t = types.SimpleNamespace(cudaSuccess="cudaSuccess")
 
-    def cudaGetDeviceCount(self) -> tuple[str, int]:  # noqa: N802 - CUDA's name
+    def cudaGetDeviceCount(self) -> tuple[str, int]:  # CUDA's name
         return ("cudaSuccess", 1)
 
-    def cudaGetDeviceProperties(self, i: int) -> tuple[str, Any]:  # noqa: N802
+    def cudaGetDeviceProperties(self, i: int) -> tuple[str, Any]:
         return ("cudaSuccess", types.SimpleNamespace(name=b"Orin\0\0", major=8, minor=7, integrated=1))
 
-    def cudaRuntimeGetVersion(self) -> tuple[str, int]:  # noqa: N802
+    def cudaRuntimeGetVersion(self) -> tuple[str, int]:
         return ("cudaSuccess", 12060)
 
-    def cudaDriverGetVersion(self) -> tuple[str, int]:  # noqa: N802
+    def cudaDriverGetVersion(self) -> tuple[str, int]:
         return ("cudaSuccess", 12060)
 
 
@@ -586,38 +586,38 @@ class _HostCudart:
         self.log.append((what, n))
         return ("ok", ctypes.addressof(buf))
 
-    def cudaSetDevice(self, i: int) -> tuple[str]:  # noqa: N802 - CUDA's names
+    def cudaSetDevice(self, i: int) -> tuple[str]:  # CUDA's names
         return ("ok",)
 
-    def cudaStreamCreate(self) -> tuple[str, str]:  # noqa: N802
+    def cudaStreamCreate(self) -> tuple[str, str]:
         return ("ok", "stream-1")
 
-    def cudaMallocHost(self, n: int) -> tuple[str, int]:  # noqa: N802
+    def cudaMallocHost(self, n: int) -> tuple[str, int]:
         return self._alloc("cudaMallocHost", n)
 
-    def cudaMalloc(self, n: int) -> tuple[str, int]:  # noqa: N802
+    def cudaMalloc(self, n: int) -> tuple[str, int]:
         return self._alloc("cudaMalloc", n)
 
-    def cudaHostGetDevicePointer(self, host: int, flags: int) -> tuple[str, int]:  # noqa: N802
+    def cudaHostGetDevicePointer(self, host: int, flags: int) -> tuple[str, int]:
         self.log.append(("cudaHostGetDevicePointer",))
         return ("ok", host)
 
-    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: str, stream: str) -> tuple[str]:  # noqa: N802
+    def cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: str, stream: str) -> tuple[str]:
         self.log.append(("cudaMemcpyAsync", kind, stream))
         ctypes.memmove(dst, src, n)
         return ("ok",)
 
-    def cudaStreamSynchronize(self, stream: str) -> tuple[str]:  # noqa: N802
+    def cudaStreamSynchronize(self, stream: str) -> tuple[str]:
         self.log.append(("cudaStreamSynchronize", stream))
         return ("ok",)
 
-    def cudaFree(self, p: int) -> tuple[str]:  # noqa: N802
+    def cudaFree(self, p: int) -> tuple[str]:
         self.live.pop(p)
         return ("ok",)
 
-    cudaFreeHost = cudaFree  # noqa: N815
+    cudaFreeHost = cudaFree
 
-    def cudaStreamDestroy(self, s: str) -> tuple[str]:  # noqa: N802
+    def cudaStreamDestroy(self, s: str) -> tuple[str]:
         self.log.append(("cudaStreamDestroy", s))
         return ("ok",)
 
