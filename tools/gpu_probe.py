@@ -37,7 +37,7 @@ import tempfile
 import time
 import traceback
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,12 +69,12 @@ def save() -> None:
         json.dump({"results": RESULTS, "warnings": WARNINGS}, f, indent=1, default=str)
 
 
-def step(fn):  # noqa: ANN001, ANN201
+def step(fn):
     """Run one step; an exception is a failed step, not the end of the probe."""
     def run(*a: Any, **kw: Any) -> Any:
         try:
             return fn(*a, **kw)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             report(fn.__name__, False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc()[-1500:])
             return None
     return run
@@ -84,7 +84,7 @@ def gbps(nbytes: int, seconds: float) -> float:
     return round(nbytes / seconds / 1e9, 2) if seconds > 0 else float("nan")
 
 
-def best(fn, reps: int = 3) -> float:  # noqa: ANN001
+def best(fn, reps: int = 3) -> float:
     fn()  # warm-up
     ts = []
     for _ in range(reps):
@@ -100,7 +100,7 @@ def _cupy() -> Any:
     try:
         import cupy
         return cupy
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -108,7 +108,7 @@ def _torch() -> Any:
     try:
         import torch
         return torch if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -122,7 +122,7 @@ def device_bytes(ptr: int, nbytes: int) -> np.ndarray | None:
     torch = _torch()
     if torch is not None:
         class _CAI:
-            __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+            __cuda_array_interface__: ClassVar[dict[str, Any]] = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
         return torch.as_tensor(_CAI(), device="cuda").cpu().numpy()
     return None
 
@@ -137,7 +137,7 @@ def versions() -> dict[str, Any]:
             v[mod] = getattr(m, "__version__", "?")
             if mod == "hetsched":
                 v["hetsched_file"] = m.__file__
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             v[mod] = f"missing ({type(exc).__name__}: {exc})"[:120]
     report("versions", True, **v)
     return v
@@ -147,12 +147,12 @@ def load() -> tuple[Any, Any] | None:
     from hetsched._memory.cuda import cuda_call, load_cudart
     try:
         rt = load_cudart()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report("load_cudart", None, skip=f"{type(exc).__name__}: {exc}")
         return None
     try:
         n = cuda_call(rt, rt.cudaGetDeviceCount(), "cudaGetDeviceCount")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         report("load_cudart", None, module=rt.__name__, skip=f"{type(exc).__name__}: {exc}")
         return None
     report("load_cudart", True, module=rt.__name__, devices=int(n))
@@ -349,7 +349,7 @@ def preemption(rt: Any) -> None:
         copier = pools["cuda"]._backing.copier  # diagnostic: the streams it made
         prios = {}
         for level, s in copier.streams._streams.items():
-            err, p = rt.cudaStreamGetPriority(s)
+            _err, p = rt.cudaStreamGetPriority(s)
             prios[str(Priority(level).name)] = int(p)
         rng = rt.cudaDeviceGetStreamPriorityRange()
         out.update(high_first=done["small"] < done["big"], preemptions=ch.preemptions, resumes=ch.resumes,
@@ -453,7 +453,7 @@ def backends_say_why() -> None:
     try:
         import onnxruntime as ort
         eps = ort.get_available_providers()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         eps = [f"onnxruntime missing: {exc}"]
     report("backends_say_why", True, tensorrt=tensorrt_unavailable_reason(), onnxruntime_providers=eps)
 
