@@ -42,6 +42,7 @@ speed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -223,10 +224,8 @@ async def _replan_round(k: int, tally: Tally, n: int, slow_s: float, concurrency
                     policy.armed = True
 
                     async def replan() -> None:
-                        try:
+                        with contextlib.suppress(HetschedError):
                             await s.replan(reason="probe")
-                        except HetschedError:
-                            pass
 
                     tg.start_soon(replan)
                     await anyio.to_thread.run_sync(policy.entered.wait, 30.0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from hetsched import ClockPort, DomainSpec, Governor, Phase, Snapshot
 
@@ -123,12 +124,12 @@ class FakeNano:
     """The fake tree plus what the real board would do: the kernel's clamp and the workload."""
 
     # seconds per unit of work = fixed + sum(cycles / f); watts = static + sum(k * (f in GHz)^2)
-    FIXED_S = {Phase.PREPROCESS: 0.008, Phase.INFER: 0.015}  # CPU-side work the clocks do not touch
-    WORK = {
+    FIXED_S: ClassVar[dict[Phase, float]] = {Phase.PREPROCESS: 0.008, Phase.INFER: 0.015}  # CPU-side work the clocks do not touch
+    WORK: ClassVar[dict[Phase, dict[str, float]]] = {
         Phase.PREPROCESS: {"emc": 12e6, "gpu": 2e6},
         Phase.INFER: {"gpu": 30e6, "emc": 10e6},
     }
-    WATTS_PER_GHZ2 = {"gpu": 4.5, "emc": 0.7}
+    WATTS_PER_GHZ2: ClassVar[dict[str, float]] = {"gpu": 4.5, "emc": 0.7}
     STATIC_W = 1.3
 
     def __init__(self, root: Path) -> None:
