@@ -22,6 +22,7 @@ LOG path, everything captured is also appended to that file.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
@@ -197,10 +198,8 @@ class _Worker:
                 raise _Refused
         except BaseException as exc:
             message = self._failure(step, None if isinstance(exc, _Refused) else exc)
-            try:
+            with contextlib.suppress(Exception):
                 r.release()
-            except Exception:
-                pass
             self.capture.take()
             return {"ok": False, "message": message, "seconds": time.perf_counter() - t0}
         self.capture.take()
@@ -249,10 +248,8 @@ class _Worker:
     def release(self, msg: dict[str, Any]) -> dict[str, Any]:
         r = self.models.pop(msg["handle"], None)
         if r is not None:
-            try:
+            with contextlib.suppress(Exception):
                 r.release()
-            except Exception:
-                pass
         self.capture.take()
         return {"ok": True}
 
@@ -269,10 +266,8 @@ class _Worker:
         for ident in ids:
             mm = self.maps.pop(ident, None)
             if mm is not None:
-                try:
+                with contextlib.suppress(BufferError):  # a view of it is still alive; it goes with that view
                     mm.close()
-                except BufferError:
-                    pass  # a view of it is still alive; it goes with that view
 
 
 class _Refused(Exception):

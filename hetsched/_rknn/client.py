@@ -17,6 +17,7 @@ returns (this process closed the worker or died, however it died).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -127,10 +128,8 @@ class _Arena:
     def close(self) -> None:
         self.buf = None
         if self.mm is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self.mm.close()
-            except BufferError:
-                pass
             self.mm = None
         if self.fd >= 0:
             os.close(self.fd)
@@ -273,10 +272,8 @@ class ToolkitProcess:
             os.close(self._lifeline)  # the child's lifeline read returns: it exits if still running
             self._lifeline = -1
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a call blocked in recv in another thread
-            except OSError:
-                pass
         if self._lock.acquire(timeout=5.0):
             try:
                 if proc is not None and proc.stderr is not None:
