@@ -199,3 +199,22 @@ def test_roofline_memory_seconds_halve_on_an_npu() -> None:
     assert (t_npu, t_cpu) == (m_npu, m_cpu)  # memory-bound on both
     # compute-bound work costs the same on both
     assert roofline(npu, 1e12, 1.0)[0] == roofline(cpu, 1e12, 1.0)[0] == pytest.approx(1.0)
+
+
+def test_a_residual_add_fuses_into_one_branch_only() -> None:
+    # Add(a, b) of two convolutions' outputs: the Add runs in one kernel's epilogue (the latest
+    # producer it reads), so the other branch is written to DRAM and read back.
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1], name="conv_a"),
+             helper.make_node("Conv", ["x", "w2"], ["b"], pads=[1, 1, 1, 1], name="conv_b"),
+             helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="pool")]
+    index = _model(nodes, [_tensor("w1", [4, 3, 3, 3]), _tensor("w2", [4, 3, 3, 3], 1)], [("y", [1, 4, 4, 4])])
+    got = {ref.name: c.bytes for ref, c in zip(index.nodes, analytic_node_costs(index), strict=True)}
+    vb = lambda name: value_bytes(index, name)  # noqa: E731
+    assert got["conv_a"] == vb("x") + vb("w1") + vb("a")  # written
+    assert got["conv_b"] == vb("x") + vb("w2")  # fused with the Add and the Relu
+    assert got["add"] == vb("a")  # reads the other branch back, s stays on chip
+    assert got["relu"] == vb("r")  # written for the MaxPool
+    full = sum(sum(vb(v) for v in ref.inputs) + sum(vb(o) for o in ref.outputs) for ref in index.nodes)
+    assert full - sum(got.values()) == 2 * vb("b") + 2 * vb("s")
