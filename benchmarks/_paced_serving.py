@@ -152,8 +152,7 @@ async def serve(mode: Mode, nets: Mapping[str, onnx.ModelProto], feeds: Mapping[
                     tg.start_soon(closed_loop, s)
             await anyio.sleep(seconds * pace)
             tg.cancel_scope.cancel()  # requests still in flight at the window's end: not counted
-        placement = {n: [st.device for st in sessions[n].plan.stages] for n in sessions
-                     if n in ("detector", "classifier", "background")}
+        placement = {n: [st.device for st in sessions[n].plan.stages] for n in sessions}
         for name, sess in sessions.items():
             st = sess.statistics()
             records[name].energy_j = float(st.energy_j or 0.0)
