@@ -20,7 +20,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -43,6 +43,9 @@ from ._replan import (
     decide_replan,
     drift_reason,
 )
+
+if TYPE_CHECKING:
+    from .._planning.plan import Plan
 
 __all__ = ["Adapter"]
 
@@ -387,7 +390,7 @@ class Adapter:
     def _drift_inputs(self) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
         """Per stage of the current plan: the plan's estimate, and (measured seconds, runs)."""
         gen = self._scheduler.generation
-        plan = getattr(gen, "plan", None)
+        plan: Plan | None = gen.plan if gen is not None else None  # the plan the lifecycle installed with it
         planned = plan.stage_costs() if plan is not None else {}
         est: dict[str, float] = {}
         got: dict[str, tuple[float, int]] = {}

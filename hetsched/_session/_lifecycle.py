@@ -99,8 +99,10 @@ class Lifecycle:
         if governor is None and runtime is not None:
             governor = runtime.governor  # the board's
         if power_budget is None and governor is not None:
-            # the governor's budget is the board's: the policy's power headroom is measured against it
-            power_budget = getattr(getattr(governor, "config", None), "power_budget_w", None)
+            from ._governed import power_budget_w
+
+            # a Governor's budget is the board's: the policy's power headroom is measured against it
+            power_budget = power_budget_w(governor)
         self._power_budget = power_budget
         self.runtime: Runtime | None = None
         """The runtime in use while open (the shared one, or the private one opened here)."""

@@ -58,6 +58,7 @@ import anyio.abc
 from .._errors import InputError, RuntimeStateError
 from .._runtime._scheduler import Request
 from ._core import SessionCore
+from ._delivery import Outputs
 
 __all__ = ["ResultStream", "StreamStatistics"]
 
@@ -97,7 +98,15 @@ class _Job:
         self.done = False
         self.closed = False
         self.error: BaseException | None = None
-        self.result: Any = None
+        self.result: dict[str, Any] | Outputs | None = None
+        """What ``run()`` returns: a dict owning its arrays, or zero-copy :class:`Outputs`."""
+
+
+def _release_untaken(result: dict[str, Any] | Outputs | None) -> None:
+    """A result nobody will take: zero-copy :class:`Outputs` give their pool buffers back (a dict
+    owns its arrays: nothing to give back)."""
+    if type(result) is Outputs:
+        result.release()
 
 
 class ResultStream(AsyncIterator[Any]):
@@ -236,9 +245,7 @@ class ResultStream(AsyncIterator[Any]):
                         item.finalize_locked()
             else:
                 item.closed = True  # its task is cancelled with the task group
-                result = item.result
-                if result is not None and hasattr(result, "release"):
-                    result.release()
+                _release_untaken(item.result)
         if dropped:
             # admitted, never handed over (the general path's runs count themselves)
             self._core.fold(cancelled=dropped)
@@ -346,8 +353,8 @@ class ResultStream(AsyncIterator[Any]):
             self._in_flight -= 1
             if job.error is not None:
                 self._failed += 1
-            if job.closed and job.result is not None and hasattr(job.result, "release"):
-                job.result.release()  # the stream closed while it ran: nobody will take it
+            if job.closed:
+                _release_untaken(job.result)  # the stream closed while it ran: nobody will take it
         self._wake_here(feeder=True, consumer=True)
 
     # -- the worker side ---------------------------------------------------------------------

@@ -29,8 +29,9 @@ for a busy channel and requests in flight together go on lanes (``channel X (2)`
 ``requests 2``), each lane holding one slice at a time.
 
 Hooks run in device worker threads, compile threads and the event loop: one lock guards the
-state here; the writer's buffer has its own. Governor phases are read from the governor
-(``current_phase``) right after the governor's own hooks ran: the main hooks object is
+state here; the writer's buffer has its own. Governor phases are read from the governor of each
+:class:`~hetsched.GovernorHooks` (``SessionGovernor.current_phase``; the clock targets from a
+:class:`~hetsched.Governor`'s engine) right after the governor's own hooks ran: the main hooks object is
 registered after every other hook (it runs last on before-events) and a probe before them
 (it runs last on after-events, which unwind in reverse).
 """
@@ -40,15 +41,20 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .._errors import TraceWriteError
-from .._events import EventInfo, Hooks
+from .._events import CompileInfo, EventInfo, Hooks, ReplanInfo
 from .._runtime._clock import Clock
+from ._governed import GovernorHooks
 from ._trace_counters import CounterSampler
 from ._trace_writer import TraceStatistics, TraceWriter
+
+if TYPE_CHECKING:
+    from .._governor import GovernorEngine, Phase
+    from .._runtime._program import StageIO
 
 __all__ = ["SessionTrace", "TraceStatistics"]
 
@@ -116,7 +122,7 @@ class SessionTrace:
         self._writer = TraceWriter(self.path)
         self._lock = threading.Lock()
         self._t0 = 0.0
-        self._governors: list[Any] = []
+        self._governors: list[GovernorHooks] = []
         self._sampler: CounterSampler | None = None
         self._devices: list[str] = []
         self._reset()
@@ -134,15 +140,15 @@ class SessionTrace:
         self._session_pids: dict[str, int] = {}
         self._chan_lanes: dict[str, _Lanes] = {}
         self._xfers: dict[tuple[str, str], tuple[float, int, int]] = {}
-        self._phases: list[tuple[Any, float, dict[str, float]] | None] = [None] * len(self._governors)
+        self._phases: list[tuple[Phase, float, dict[str, float]] | None] = [None] * len(self._governors)
 
     # -- wiring --------------------------------------------------------------------------------
 
     def wrap_hooks(self, hooks: Sequence[object]) -> list[object]:
         """``hooks`` with this trace's hook objects around them (see the module docstring);
-        a hook with a ``governor`` that has ``current_phase`` (:class:`hetsched.GovernorHooks`)
-        gets its phases traced."""
-        self._governors = [g for h in hooks if hasattr(g := getattr(h, "governor", None), "current_phase")]
+        the governor of each :class:`hetsched.GovernorHooks` among them gets its phases traced
+        (another hook holding a governor does not)."""
+        self._governors = [h for h in hooks if isinstance(h, GovernorHooks)]
         self._phases = [None] * len(self._governors)
         probe: list[object] = [_PhaseProbe(self)] if self._governors else []
         return [*probe, *hooks, _TraceHooks(self)]
@@ -152,10 +158,10 @@ class SessionTrace:
         its track is named by :meth:`_TraceHooks.label` once the runtime gave it its name."""
         return _TraceHooks(self, session="?")
 
-    def watch_governors(self, hooks: Sequence[object]) -> None:
+    def watch_governors(self, hooks: Sequence[GovernorHooks]) -> None:
         """Trace the phases of the governors of ``hooks`` (a runtime's :class:`hetsched.GovernorHooks`),
         polled every ``period_s`` (before :meth:`open`)."""
-        self._governors = [g for h in hooks if hasattr(g := getattr(h, "governor", None), "current_phase")]
+        self._governors = list(hooks)
         self._phases = [None] * len(self._governors)
 
     def open(self, devices: Sequence[str]) -> None:
@@ -306,9 +312,9 @@ class SessionTrace:
         """Close the slice of a governor whose phase changed and open the next (any thread)."""
         with self._lock:
             now = self._clock.perf_counter()
-            for i, gov in enumerate(self._governors):
+            for i, hooks in enumerate(self._governors):
                 try:
-                    phase = gov.current_phase
+                    phase = hooks.governor.current_phase
                 except Exception:  # a governor closing meanwhile: its last phase ends at close()
                     continue
                 cur = self._phases[i]
@@ -316,7 +322,7 @@ class SessionTrace:
                     continue
                 if cur is not None:
                     self._phase_slice(i, cur, now)
-                self._phases[i] = None if phase is None else (phase, now, self._targets(gov))
+                self._phases[i] = None if phase is None else (phase, now, self._targets(hooks.engine))
 
     def _end_phases(self, now: float) -> None:
         for i, cur in enumerate(self._phases):
@@ -324,16 +330,17 @@ class SessionTrace:
                 self._phase_slice(i, cur, now)
             self._phases[i] = None
 
-    def _phase_slice(self, i: int, cur: tuple[Any, float, dict[str, float]], now: float) -> None:
+    def _phase_slice(self, i: int, cur: tuple[Phase, float, dict[str, float]], now: float) -> None:
         phase, start, targets = cur
         tid = self._track(PID_GOVERNOR, ("governor", i), "phase" if i == 0 else f"phase ({i + 1})")
-        self._slice(PID_GOVERNOR, tid, str(getattr(phase, "value", phase)), start, now,
+        self._slice(PID_GOVERNOR, tid, str(phase), start, now,  # a Phase (a StrEnum) prints as its value
                     {"targets_mhz": targets or None}, cat="phase")
 
     @staticmethod
-    def _targets(gov: Any) -> dict[str, float]:
+    def _targets(engine: GovernorEngine | None) -> dict[str, float]:
+        """The clock targets of a :class:`hetsched.Governor`'s engine (none for another governor)."""
         try:
-            current = getattr(getattr(gov, "engine", None), "current", None) or {}
+            current = engine.current if engine is not None else {}
             return {str(k): round(int(v) / 1e6, 3) for k, v in dict(current).items()}
         except Exception:  # read from another thread while the governor writes: a report, never a failure
             return {}
@@ -359,13 +366,13 @@ class _TraceHooks(Hooks):
             t._compile_open[threading.get_ident()] = info.time_s
 
     def after_compile(self, info: EventInfo) -> None:
-        t, c, ident = self._t, info.extra, threading.get_ident()
+        c: CompileInfo = info.extra  # AFTER_COMPILE's
+        t, ident = self._t, threading.get_ident()
         with t._lock:
             start = t._compile_open.pop(ident, info.time_s - (info.elapsed_s or 0.0))
             tid = t._thread_tid(PID_COMPILE, ident, threading.current_thread().name)
             t._slice(PID_COMPILE, tid, f"compile {info.stage}", start, info.time_s, {
-                "device": info.device, "index": getattr(c, "index", None), "total": getattr(c, "total", None),
-                "cached": getattr(c, "cached", None), "trial": getattr(c, "trial", None) or None,
+                "device": info.device, "index": c.index, "total": c.total, "cached": c.cached, "trial": c.trial or None,
                 "error": _error_text(info.error)}, cat="compile")
 
     # device worker threads
@@ -379,7 +386,7 @@ class _TraceHooks(Hooks):
 
     def after_stage(self, info: EventInfo) -> None:
         t, ident, rid = self._t, threading.get_ident(), info.request_id
-        io = info.extra
+        io: StageIO = info.extra  # AFTER_STAGE's
         with t._lock:
             begin = t._stage_open.pop(ident, None)
             start = (begin[0] if begin is not None and begin[1:3] == (rid, info.stage)
@@ -390,7 +397,7 @@ class _TraceHooks(Hooks):
             args: dict[str, Any] = {
                 "request_id": rid, "session": session,
                 "priority": info.priority.name if info.priority is not None else None,
-                "bound": getattr(io, "bound", None), "energy_j": info.energy_j, "error": _error_text(info.error)}
+                "bound": io.bound, "energy_j": info.energy_j, "error": _error_text(info.error)}
             key = (session, rid) if rid is not None else None
             req = t._requests.get(key) if key is not None else None
             if req is not None and key is not None:
@@ -489,15 +496,14 @@ class _TraceHooks(Hooks):
         return tid
 
     def replan(self, info: EventInfo) -> None:
-        t, r = self._t, info.extra
+        r: ReplanInfo = info.extra  # REPLAN's
+        t = self._t
         with t._lock:
             pid = t._requests_pid(self.session)
             t._process(pid)
             t._instant(pid, 0, "replan", info.time_s, {
-                "session": self.session, "reason": getattr(r, "reason", None), "number": getattr(r, "number", None),
-                "moved_units": getattr(r, "moved_units", None),
-                "quarantined": list(getattr(r, "quarantined", ())) or None,
-                "seconds": getattr(r, "seconds", None)}, scope="g")
+                "session": self.session, "reason": r.reason, "number": r.number, "moved_units": r.moved_units,
+                "quarantined": list(r.quarantined) or None, "seconds": r.seconds}, scope="g")
 
 
 class _PhaseProbe(Hooks):
