@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -63,8 +63,8 @@ class Live:
 
 
 @pytest.fixture(params=["rk3588", "orin-nx"])
-def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Live]:
-    yield Live(request.param, tmp_path)
+def live(request: pytest.FixtureRequest, tmp_path: Path) -> Live:
+    return Live(request.param, tmp_path)
 
 
 def _changed_then_restored(live: Live, body: Callable[[Governor], None], **kw: object) -> Governor:

@@ -77,7 +77,7 @@ def cache(tmp_path: Path) -> Path:
     return tmp_path / "ncnn-cache"
 
 
-@pytest.mark.parametrize("precision, floor", [("fp32", 0.99999), ("fp16", 0.999)])
+@pytest.mark.parametrize(("precision", "floor"), [("fp32", 0.99999), ("fp16", 0.999)])
 def test_a_stage_converts_probes_and_runs_like_onnxruntime(cache: Path, precision: str, floor: float) -> None:
     model = _two_in_two_out()
     backend = NcnnBackend()
@@ -188,10 +188,13 @@ def test_a_conversion_that_disagrees_with_onnxruntime_is_refused_with_the_figure
     backend = NcnnBackend()
     m = _model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Concat", ["a", "x"], ["y"], axis=1)],
                [helper.make_tensor_value_info("x", F, [1, 8, 16, 16])], [helper.make_tensor_value_info("y", F, [1, 16, 16, 16])])
+    refusal: str | None = None
     try:
         stage = backend.compile(m, _dev(cache), name="bad")
     except CompileError as exc:
-        assert "disagrees with onnxruntime" in str(exc) and "cosine" in str(exc)
+        refusal = str(exc)
+    if refusal is not None:
+        assert "disagrees with onnxruntime" in refusal and "cosine" in refusal
         with pytest.raises(CompileError, match="disagrees"):
             backend.compile(m, _dev(cache), name="bad")
         assert backend.statistics().cache.refusals_cached == 1

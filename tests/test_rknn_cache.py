@@ -83,5 +83,5 @@ def test_a_success_whose_rknn_is_gone_is_a_miss(tmp_path: Path) -> None:
 
 
 def test_keys_cannot_name_paths(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a cache key"):
         CompileCache(tmp_path).onnx_path("../" + "0" * 61)

@@ -74,7 +74,7 @@ def test_default_dir_without_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 def test_incomplete_environment_is_not_used(no_env: Path) -> None:
     python = _executable(toolkit_env_dir() / "bin" / "python", "#!/bin/sh\n")
-    with pytest.raises(BackendUnavailableError, match="incomplete.*`hetsched setup rknn`"):
+    with pytest.raises(BackendUnavailableError, match=r"incomplete.*`hetsched setup rknn`"):
         find_toolkit_python()
     (toolkit_env_dir() / "hetsched-setup.json").write_text("{}")
     assert find_toolkit_python() == str(python)

@@ -18,7 +18,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,7 @@ def _hetsched_threads() -> list[str]:
 
 
 @pytest.fixture
-def claims_nms_and_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def claims_nms_and_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend's first guess widened to claim NonMaxSuppression and Loop, so the toolkit
     itself is tried on them (the issue's measured case: the op list is wrong both ways)."""
     backend = get_backend("rknn")
@@ -231,7 +231,6 @@ def claims_nms_and_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     base = rknn_capabilities()
     monkeypatch.setattr(backend, "capabilities", lambda device: Capabilities(allow=base.allow + extra.allow,
                                                                              deny=base.deny))
-    yield
 
 
 def npu_where_possible(problem: PlacementProblem) -> dict[int, str]:
