@@ -208,19 +208,21 @@ async def test_preemption_point_is_the_stage_boundary() -> None:
     arriving later still starts its second stage there before all of them."""
     order = _Order(hold_device="cpu:1")
     pol = Pinned({"relu": "cpu:0", "neg": "cpu:1"})
-    async with Session(_two_stage(), devices=["cpu:0", "cpu:1"], policy=pol, max_unit_nodes=1, hooks=[order]) as s:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(s.run, {"x": _x(0)})
-            await anyio.to_thread.run_sync(order.entered.wait)
-            for i in range(4):
-                tg.start_soon(functools.partial(s.run, {"x": _x(i)}, priority=P.BACKGROUND))
-            # all their relus ran; their negs wait on cpu:1
-            await _until(lambda: order.done.get("cpu:0", 0) >= 5 and s.statistics().queued_stages >= 4, "relus",
-                         within_s=5)
-            tg.start_soon(lambda: s.run({"x": _x(9)}, priority=P.HIGH))
-            await _until(lambda: order.done.get("cpu:0", 0) >= 6 and s.statistics().queued_stages >= 5, "HIGH's relu",
-                         within_s=5)
-            order.release.set()
+    async with (
+        Session(_two_stage(), devices=["cpu:0", "cpu:1"], policy=pol, max_unit_nodes=1, hooks=[order]) as s,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(s.run, {"x": _x(0)})
+        await anyio.to_thread.run_sync(order.entered.wait)
+        for i in range(4):
+            tg.start_soon(functools.partial(s.run, {"x": _x(i)}, priority=P.BACKGROUND))
+        # all their relus ran; their negs wait on cpu:1
+        await _until(lambda: order.done.get("cpu:0", 0) >= 5 and s.statistics().queued_stages >= 4, "relus",
+                     within_s=5)
+        tg.start_soon(lambda: s.run({"x": _x(9)}, priority=P.HIGH))
+        await _until(lambda: order.done.get("cpu:0", 0) >= 6 and s.statistics().queued_stages >= 5, "HIGH's relu",
+                     within_s=5)
+        order.release.set()
     on_b = order.started["cpu:1"][1:]
     assert order.priority[on_b[0]] is P.HIGH
     assert [order.priority[r] for r in on_b[1:]] == [P.BACKGROUND] * 4

@@ -70,15 +70,17 @@ async def test_worker_threads_are_the_runtimes_whatever_the_number_of_sessions(a
     async with Runtime(devices=["cpu:0", "cpu:1"]) as rt:
         board = _worker_threads() - before
         assert board == rt.worker_threads() >= 1
-        async with Session(_chain(), runtime=rt, max_unit_nodes=1) as a:
-            async with Session(_chain(), runtime=rt, max_unit_nodes=1) as b:
-                async with Session(_chain(), runtime=rt, max_unit_nodes=1) as c:
-                    x = np.arange(16, dtype=np.float32) - 8
-                    for s in (a, b, c):
-                        np.testing.assert_array_equal((await s.run({"x": x}))["y"], _expected(x))
-                    assert _worker_threads() - before == board  # three sessions, one set of workers
-                    assert rt.statistics().worker_threads == board
-                    assert set(rt.sessions) == {a.name, b.name, c.name} and len(rt.sessions) == 3
+        async with (
+            Session(_chain(), runtime=rt, max_unit_nodes=1) as a,
+            Session(_chain(), runtime=rt, max_unit_nodes=1) as b,
+            Session(_chain(), runtime=rt, max_unit_nodes=1) as c,
+        ):
+            x = np.arange(16, dtype=np.float32) - 8
+            for s in (a, b, c):
+                np.testing.assert_array_equal((await s.run({"x": x}))["y"], _expected(x))
+            assert _worker_threads() - before == board  # three sessions, one set of workers
+            assert rt.statistics().worker_threads == board
+            assert set(rt.sessions) == {a.name, b.name, c.name} and len(rt.sessions) == 3
     assert _worker_threads() == before  # every worker joined
 
 

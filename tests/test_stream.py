@@ -151,13 +151,15 @@ async def test_a_fast_source_wakes_the_loop_once_per_batch_not_per_request() -> 
     n = 400
     ahead = _AheadOfTheWorkers()
     ahead.total = n
-    async with Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s:
-        async with s.map(({"x": _x(i)} for i in range(n)), window=8) as results:
-            ahead.stream = results
-            count = 0
-            async for _ in results:
-                count += 1
-            st = results.statistics()
+    async with (
+        Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s,
+        s.map(({"x": _x(i)} for i in range(n)), window=8) as results,
+    ):
+        ahead.stream = results
+        count = 0
+        async for _ in results:
+            count += 1
+        st = results.statistics()
     assert count == n
     # one wake-up per request would be >= n; batches of window // 2 = 4 give ~n / 4
     assert st.loop_wakeups < n / 2, st
@@ -210,12 +212,14 @@ async def test_a_source_slower_than_the_devices_gets_each_result_at_once() -> No
 async def test_window_bounds_the_requests_in_flight() -> None:
     ahead = _AheadOfTheWorkers()
     ahead.total = 200
-    async with Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s:
-        async with s.map(({"x": _x(i)} for i in range(200)), window=3) as results:
-            ahead.stream = results
-            async for _ in results:
-                pass
-            assert results.statistics().window == 3
+    async with (
+        Session(_chain(), devices=PER_CORE, hooks=[ahead]) as s,
+        s.map(({"x": _x(i)} for i in range(200)), window=3) as results,
+    ):
+        ahead.stream = results
+        async for _ in results:
+            pass
+        assert results.statistics().window == 3
     seen = ahead.in_flight
     assert seen and max(seen) <= 3
     assert max(seen) >= 2  # the window was used, not one at a time
@@ -230,10 +234,12 @@ async def test_stream_requests_carry_the_stream_priority() -> None:
             assert info.priority is not None
             prios.add(info.priority)
 
-    async with Session(_chain(), devices=PER_CORE, hooks=[Watch()]) as s:
-        async with s.map([{"x": _x(i)} for i in range(20)], priority=Priority.BACKGROUND) as results:
-            async for _ in results:
-                pass
+    async with (
+        Session(_chain(), devices=PER_CORE, hooks=[Watch()]) as s,
+        s.map([{"x": _x(i)} for i in range(20)], priority=Priority.BACKGROUND) as results,
+    ):
+        async for _ in results:
+            pass
     assert prios == {Priority.BACKGROUND}
 
 
@@ -455,7 +461,7 @@ async def test_misuse_is_named() -> None:
             s.map({"x": _x(0)})  # type: ignore[dict-item]  # one feeds mapping, not a stream of them
         with pytest.raises(ValueError, match="window"):
             s.map([], window=0)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not a valid Priority"):
             s.map([], priority=9)
         with pytest.raises(InputError, match="unknown output name 'nope'"):
             async with s.map([], output_names=["nope"]):
@@ -474,10 +480,9 @@ def test_no_thread_outlives_the_session() -> None:
     before = {t for t in threading.enumerate()}
 
     async def main() -> None:
-        async with Session(_chain(), devices=PER_CORE) as s:
-            async with s.map({"x": _x(i)} for i in range(50)) as results:
-                async for _ in results:
-                    pass
+        async with Session(_chain(), devices=PER_CORE) as s, s.map({"x": _x(i)} for i in range(50)) as results:
+            async for _ in results:
+                pass
 
     anyio.run(main)
     left = {t for t in threading.enumerate() if t.is_alive()} - before
@@ -493,12 +498,10 @@ def test_sync_session_map() -> None:
         assert len(got) == 50
         for i, y in enumerate(got):
             np.testing.assert_allclose(y, _expected(_x(i)), rtol=1e-6)
-        with pytest.raises(InputError, match="item 2"):
-            with s.map([{"x": _x(0)}, {"x": _x(1)}, {"x": "nope"}]) as results:
-                assert len([out for out in results]) == 2
+        with pytest.raises(InputError, match="item 2"), s.map([{"x": _x(0)}, {"x": _x(1)}, {"x": "nope"}]) as results:
+            assert len([out for out in results]) == 2
         assert s.statistics().in_flight == 0
-    with pytest.raises(RuntimeStateError, match="not open"):
-        with s.map([]):
-            pass
+    with pytest.raises(RuntimeStateError, match="not open"), s.map([]):
+        pass
     with pytest.raises(RuntimeStateError, match="not open"):
         s.run({"x": _x(0)})

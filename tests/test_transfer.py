@@ -468,10 +468,12 @@ async def test_many_concurrent_transfers_arrive_intact(discrete: Discrete) -> No
         finally:
             out.release()
 
-    async with TransferEngine(topo, pools, chunk_bytes=16 << 10, hooks=Count()) as eng:
-        async with anyio.create_task_group() as tg:
-            for i, _, prio in jobs:
-                tg.start_soon(roundtrip, i, prio)
+    async with (
+        TransferEngine(topo, pools, chunk_bytes=16 << 10, hooks=Count()) as eng,
+        anyio.create_task_group() as tg,
+    ):
+        for i, _, prio in jobs:
+            tg.start_soon(roundtrip, i, prio)
     for i, n, _ in jobs:
         assert np.array_equal(back[i].array(), _expected(n, i)), i
         back[i].release()
