@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import defaultdict
@@ -82,7 +83,7 @@ def _assert_no_overlap(trace: dict[str, Any]) -> None:
         tracks[e["pid"], e["tid"]].append((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), e["name"]))
     for key, spans in tracks.items():
         spans.sort()
-        for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+        for (_, end, a), (start, _, b) in itertools.pairwise(spans):
             assert start >= end, f"{a!r} and {b!r} overlap on track {key}"
 
 
@@ -223,7 +224,7 @@ async def test_governor_phases_become_back_to_back_slices(tmp_path: Path, anyio_
     # per request: PREPROCESS, then INFER / POSTPROCESS around each of the two stages, IDLE at the end
     one = ["preprocess", "infer", "postprocess", "infer", "postprocess", "idle"]
     assert [e["name"] for e in phases] == one + one
-    for a, b in zip(phases, phases[1:], strict=False):
+    for a, b in itertools.pairwise(phases):
         assert _ns(a["ts"]) + _ns(a["dur"]) == _ns(b["ts"])  # each phase ends where the next begins
     _assert_no_overlap(trace)
 

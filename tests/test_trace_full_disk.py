@@ -122,7 +122,7 @@ def test_a_healthy_disk_sets_no_failure(tmp_path: Path) -> None:
 
 def test_a_disk_full_from_the_start_fails_the_open_naming_the_file(tmp_path: Path) -> None:
     w, _ = _writer(tmp_path / "t.json", capacity=10)
-    with pytest.raises(TraceWriteError, match="t.json"):
+    with pytest.raises(TraceWriteError, match=r"t\.json"):
         w.open()
 
 
