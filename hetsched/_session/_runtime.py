@@ -397,9 +397,7 @@ class Runtime:
         for e in list(self._attached):
             if e.name == except_session:
                 continue
-            span = now - e.attached_at
-            busy = e.tenant.statistics().busy_s
-            share = {dev: min(1.0, sec / span) for dev, sec in busy.items() if sec > 0} if span > 0 else {}
+            share = self._measured_share(e, now)
             expected = dict(e.expected()) if e.expected is not None else {}
             total = sum(expected.values())
             for dev, sec in expected.items():
@@ -409,12 +407,21 @@ class Runtime:
                                    elastic=e.rate_hz is None))
         return tuple(out)
 
+    @staticmethod
+    def _measured_share(e: _Attached, now: float) -> dict[str, float]:
+        """Per device, the share of the runtime's time ``e``'s stages kept it busy since it attached (capped at 1)."""
+        span = now - e.attached_at
+        if span <= 0:
+            return {}
+        return {dev: min(1.0, sec / span) for dev, sec in e.tenant.statistics().busy_s.items() if sec > 0}
+
     def placement_snapshot(self) -> PlacementSnapshot:
-        """The attached sessions' loads now (what :func:`decide_replacement` reads). Any thread."""
-        loads = {r.session: r.busy_share for r in self.reservations()}
-        return PlacementSnapshot(self.clock.monotonic(), tuple(
+        """The attached sessions' *measured* loads now (what :func:`decide_replacement` reads: its
+        settling and drift are about what was measured, not what the plans expect). Any thread."""
+        now = self.clock.monotonic()
+        return PlacementSnapshot(now, tuple(
             SessionLoad(e.name, e.attached_at, e.tenant.statistics().completed,
-                        MappingProxyType(dict(loads.get(e.name, {}))))
+                        MappingProxyType(self._measured_share(e, now)))
             for e in list(self._attached)))
 
     async def review_placement(self) -> ReplacementDecision | None:
