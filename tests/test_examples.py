@@ -16,6 +16,7 @@ EXPECTED = {
     "twin_board.py": "rails:",
     "governor_sim.py": "reloaded: 0 tuning runs",
     "custom_board.py": "every clock restored (8 knobs as before)",
+    "several_models.py": "background loops spread over the GPU and dla:0, dla:1",
 }
 
 
