@@ -267,7 +267,9 @@ class PlacementProblem:
         w = lower_priority_weight
         factor = self.contention_factors(lower_priority_weight=w)
         busy = {d for d in self.devices if self.sharers(d)}
-        sharing = {d: self.sharing_factor(d, lower_priority_weight=w) for d in busy}
+        # (a device its offered load fits on is not priced at all: see contention_factors)
+        sharing = {d: self.sharing_factor(d, lower_priority_weight=w) for d in busy
+                   if self.slo_s is not None or not self.fits(d, lower_priority_weight=w)}
         energy = self.energy
         cost: dict[tuple[int, str], float] = {}
         by_id = {u.id: u for u in self.units} if busy else {}

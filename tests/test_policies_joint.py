@@ -207,3 +207,14 @@ def test_a_closed_loop_spreads_only_where_its_requests_cost_no_more_energy(polic
     assert costly.sharing_factor("npu") == pytest.approx(2.0)
     assert costly.contended().cost[(0, "npu")] == pytest.approx(0.020)
     assert second(0.005).contended().cost[(0, "npu")] == pytest.approx(0.010 * 2 * 20.0)
+
+
+def test_an_offered_load_that_fits_beside_closed_loops_is_not_priced() -> None:
+    # a NORMAL model at 2 req/s (3 x 10 ms x 2 = 6 %) fits in its fair half of what a NORMAL loop and a
+    # HIGH detector leave on the NPU: unpriced there (not even by its fair part, although the GPU would
+    # cost it more energy)
+    det = Reservation("det", {"npu": 0.2}, priority=Priority.HIGH, slo_s=0.033)
+    loop = Reservation("cls", {"npu": 0.3}, priority=Priority.NORMAL, elastic=True)
+    energy = {(u, d): (0.01 if d == "npu" else 1.0) for u in range(3) for d in ("npu", "gpu")}
+    light = chain(3, 0.010, 0.015, reservations=(det, loop), priority=Priority.NORMAL, rate_hz=2.0, energy=energy)
+    assert light.fits("npu") and light.contended().cost[(0, "npu")] == pytest.approx(0.010)
