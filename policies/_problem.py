@@ -261,7 +261,12 @@ class PlacementProblem:
         there adds to the board's throughput without raising its joules per request. A unit
         without such a candidate (the others would run it far less efficiently: a CNN's
         convolution on CPU cores beside a busy NPU) is priced by its fair share of the busy
-        device instead (:meth:`sharing_factor`), so it shares the efficient device."""
+        device instead (:meth:`sharing_factor`). Where no unit of the model could spread that way,
+        every device where a run costs more energy than on the busy one is priced as taken too:
+        the model shares the efficient device rather than moving part of itself to a slower,
+        costlier one (ResNet-50's blocks to the Mali beside the RK3588's busy NPU). Where some can
+        (its body to a DLA beside the Orin's busy GPU), its other units go where they are cheapest
+        in time (the body's small tail to a CPU cluster)."""
         if not self.reservations:
             return self
         w = lower_priority_weight
@@ -272,17 +277,35 @@ class PlacementProblem:
                    if self.slo_s is not None or not self.fits(d, lower_priority_weight=w)}
         energy = self.energy
         cost: dict[tuple[int, str], float] = {}
-        by_id = {u.id: u for u in self.units} if busy else {}
+        by_id = {u.id: u for u in self.units} if sharing else {}
+
+        def spreads(unit: Unit, d: str) -> bool:
+            """A device where nothing of this class runs runs ``unit`` for no more energy than ``d``."""
+            e = energy.get((unit.id, d))
+            return any(o not in busy and (e is None or energy.get((unit.id, o)) is None or energy[(unit.id, o)] <= e)
+                       for o in unit.candidates if o != d)
+
+        shared = {(u, d) for u, unit in by_id.items() for d in unit.candidates if d in sharing
+                  and not spreads(unit, d)}
+        # Where no unit that costs energy could spread (the model runs efficiently only on devices
+        # its class keeps busy), a device where a run costs more than on the busy one would add to
+        # the board's throughput only at its joules per request: priced as taken, as a busy device
+        # is, so the model shares rather than moves part of itself there.
+        moves = any((u, d) not in shared and energy.get((u, d), 1.0) > 0.0
+                    for u, unit in by_id.items() for d in unit.candidates if d in sharing)
+        least_busy: dict[int, float] = {}
+        if not moves:
+            for u, unit in by_id.items():
+                known = [energy[(u, d)] for d in unit.candidates if d in sharing and (u, d) in energy]
+                if known:
+                    least_busy[u] = min(known)
+        taken = 1.0 / (1.0 - MAX_RESERVED_SHARE)
         for (u, d), c in self.cost.items():
             f = factor.get(d, 1.0)
-            if d in sharing:
-                e = energy.get((u, d))
-                unit = by_id.get(u)
-                spreads = unit is not None and any(
-                    o not in busy and (e is None or energy.get((u, o)) is None or energy[(u, o)] <= e)
-                    for o in unit.candidates if o != d)
-                if not spreads:
-                    f = sharing[d]
+            if (u, d) in shared:
+                f = sharing[d]
+            elif u in least_busy and d not in busy and energy.get((u, d), 0.0) > least_busy[u]:
+                f = max(f, taken)
             cost[(u, d)] = c * f
         return replace(self, cost=cost, reservations=())
 

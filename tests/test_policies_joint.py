@@ -218,3 +218,19 @@ def test_an_offered_load_that_fits_beside_closed_loops_is_not_priced() -> None:
     energy = {(u, d): (0.01 if d == "npu" else 1.0) for u in range(3) for d in ("npu", "gpu")}
     light = chain(3, 0.010, 0.015, reservations=(det, loop), priority=Priority.NORMAL, rate_hz=2.0, energy=energy)
     assert light.fits("npu") and light.contended().cost[(0, "npu")] == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("policy_cls", POLICIES)
+def test_a_closed_loop_sharing_the_efficient_device_does_not_move_to_a_costlier_one(policy_cls: type) -> None:
+    # two BACKGROUND loops keep the NPU busy; the idle GPU would run this loop's units faster than its
+    # third of the NPU (12 ms against 3 x 10 ms) but at 100x the joules: it shares the NPU
+    loops = tuple(Reservation(f"bg{i}", {"npu": 1.0}, priority=Priority.BACKGROUND, elastic=True) for i in range(2))
+    energy = {(u, d): (0.01 if d == "npu" else 1.0) for u in range(3) for d in ("npu", "gpu")}
+    third = chain(3, 0.010, 0.012, reservations=loops, priority=Priority.BACKGROUND, energy=energy)
+    assert devices_of(third, policy_cls()) == {"npu"}
+    priced = third.contended().cost
+    assert priced[(0, "npu")] == pytest.approx(0.030) and priced[(0, "gpu")] == pytest.approx(0.012 * 20.0)
+    # where the GPU costs no more energy it is where the loop goes (it adds to what the board serves)
+    cheap = {(u, d): 0.01 for u in range(3) for d in ("npu", "gpu")}
+    assert devices_of(chain(3, 0.010, 0.012, reservations=loops, priority=Priority.BACKGROUND, energy=cheap),
+                      policy_cls()) == {"gpu"}
