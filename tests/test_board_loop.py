@@ -9,25 +9,14 @@ from typing import Any
 
 import anyio
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import hetsched
 from hetsched import EventInfo, Hooks, LiveTwin, Replanning, Session
 from hetsched.backends.sim import clock_from_root, twin_devices
 from hetsched.testing import FakeBackend, build_board_tree, fake_device
 
-
-def _cnn() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.1, "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+from _models import conv_relu_cnn
 
 
 class _Energy(Hooks):
@@ -63,7 +52,7 @@ async def test_a_live_twin_shows_the_sessions_load_heat_and_energy(tmp_path: Pat
     rec = _Energy()
     total = 0.0
     # one plan throughout (no re-plan on drift), so each stage's figures add up to the session's
-    async with Session(_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec], adaptation=hetsched.Adaptation(replanning=None)) as s:
+    async with Session(conv_relu_cnn(), root=tmp_path, devices=["gpu"], hooks=[rec], adaptation=hetsched.Adaptation(replanning=None)) as s:
         assert [d.name for d in s.devices] == ["gpu"]
         for _ in range(20):  # board time driven by the work: each batch advances the twin by its busy time
             for _ in range(20):
@@ -92,7 +81,7 @@ async def test_a_live_twin_shows_the_sessions_load_heat_and_energy(tmp_path: Pat
 
 @pytest.mark.anyio
 async def test_a_session_on_the_host_reports_no_energy(anyio_backend: str) -> None:
-    async with Session(_cnn(), devices=["cpu"]) as s:
+    async with Session(conv_relu_cnn(), devices=["cpu"]) as s:
         await s.run({"x": np.zeros((1, 3, 32, 32), np.float32)})
         stats = s.statistics()
     assert stats.energy_j is None and stats.energy_source is None
@@ -116,7 +105,7 @@ async def test_a_device_heating_past_its_trip_re_places_its_work(tmp_path: Path,
         devices = [dataclasses.replace(fake_device(name, backend="fake-hot", kind=name), domain=name)
                    for name in ("gpu", "npu")]
         config = Replanning(period_s=0.02, min_interval_s=0.0)
-        async with Session(_cnn(), root=tmp_path, devices=devices, hooks=[rec], adaptation=hetsched.Adaptation(replanning=config)) as s:
+        async with Session(conv_relu_cnn(), root=tmp_path, devices=devices, hooks=[rec], adaptation=hetsched.Adaptation(replanning=config)) as s:
             first = {st.device for st in s.plan.stages}
             assert len(first) == 1
             hot = first.pop()
@@ -154,7 +143,7 @@ async def test_energy_and_busy_time_span_re_plans(tmp_path: Path, anyio_backend:
     build_board_tree(tmp_path, "rk3588")
     rec = _Energy()
     x = np.zeros((1, 3, 32, 32), np.float32)
-    async with Session(_cnn(), root=tmp_path, devices=["gpu", "big"],
+    async with Session(conv_relu_cnn(), root=tmp_path, devices=["gpu", "big"],
                        hooks=[rec], adaptation=hetsched.Adaptation(replanning=Replanning(period_s=60.0))) as s:
         for k in range(3):
             for _ in range(30):

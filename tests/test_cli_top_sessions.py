@@ -11,9 +11,7 @@ from pathlib import Path
 
 import anyio
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from hetsched import Adaptation, LiveTwin, Runtime, Session
 from hetsched._cli import main
@@ -21,16 +19,7 @@ from hetsched._cli._top import format_frame, read_session_view
 from hetsched._platform._fs import SysfsRoot
 from hetsched._platform.telemetry import Telemetry
 
-
-def _cnn() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.1, "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+from _models import conv_relu_cnn
 
 
 def test_top_shows_each_session_of_a_runtime_that_publishes_its_load(
@@ -43,8 +32,8 @@ def test_top_shows_each_session_of_a_runtime_that_publishes_its_load(
     async def serve() -> None:
         no_replan = Adaptation(replanning=None)
         rt = Runtime(root=tmp_path, devices=["gpu"], publish_load=True, replacement=None)
-        async with rt, Session(_cnn(), runtime=rt, adaptation=no_replan, name="det") as det, \
-                Session(_cnn(), runtime=rt, adaptation=no_replan, name="cls") as cls:
+        async with rt, Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="det") as det, \
+                Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="cls") as cls:
                 for _ in range(3):
                     await det.run(x)
                 await cls.run(x)

@@ -12,27 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import hetsched
 from hetsched import Adaptation, Runtime, Session
 from hetsched._platform.telemetry import Telemetry
 from hetsched._runtime._clock import VirtualClock
 
+from _models import conv_relu_cnn
+
 pytestmark = pytest.mark.anyio
-
-
-def _cnn() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.1, "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
 
 
 def _set_vdd_in(root: Path, mv: int, ma: int) -> None:
@@ -50,8 +39,8 @@ async def test_the_boards_energy_is_its_measured_rail_on_the_orin_twin_split_by_
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
     no_replan = Adaptation(replanning=None)
     async with Runtime(root=tmp_path, devices=["gpu"], clock=clock, replacement=None) as rt:
-        async with Session(_cnn(), runtime=rt, adaptation=no_replan, name="a") as a, \
-                   Session(_cnn(), runtime=rt, adaptation=no_replan, name="b") as b:
+        async with Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="a") as a, \
+                   Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="b") as b:
             for _ in range(6):
                 await a.run({"x": x})
             for _ in range(2):
@@ -81,7 +70,7 @@ async def test_the_rk3588_has_no_power_monitor_so_the_total_stays_the_modelled_s
     hetsched.LiveTwin("rk3588", tmp_path, noise=False).write_once()
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
     async with Runtime(root=tmp_path, devices=["gpu"], replacement=None) as rt:
-        async with Session(_cnn(), runtime=rt, adaptation=Adaptation(replanning=None), name="a") as a:
+        async with Session(conv_relu_cnn(), runtime=rt, adaptation=Adaptation(replanning=None), name="a") as a:
             await a.run({"x": x})
             ea = a.statistics().energy_j
         st = rt.statistics()

@@ -24,6 +24,8 @@ from hetsched._session._replace import (
 )
 from hetsched._session._replan import ReplanKind
 
+from _models import neg_relu_chain
+
 
 def _load(name: str, at: float, done: int, **share: float) -> SessionLoad:
     return SessionLoad(name, at, done, MappingProxyType(share))
@@ -114,20 +116,6 @@ def test_replacement_validates_where_it_is_written() -> None:
 
 # -- the runtime applying it -------------------------------------------------------------------
 
-def _chain(n: int = 3) -> onnx.ModelProto:
-    nodes = []
-    prev = "x"
-    for i in range(n):
-        out = "y" if i == n - 1 else f"t{i}"
-        nodes.append(helper.make_node("Neg" if i % 2 == 0 else "Relu", [prev], [out], name=f"op{i}"))
-        prev = out
-    m = helper.make_model(
-        helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
-
 
 @pytest.mark.anyio
 async def test_the_runtime_re_places_a_session_when_another_attaches_and_when_it_detaches(
@@ -179,12 +167,12 @@ async def test_the_runtime_re_places_a_session_when_another_attaches_and_when_it
         # learn_costs=False: its plans price the devices by their peak FLOPs alone (a fake stage's
         # host-measured times would be noise), so only the reservations move it
         async with Runtime(devices=[fast, slow], clock=clock, replacement=cfg) as rt, \
-                Session(_chain(), runtime=rt, policy="heft", name="app",
+                Session(neg_relu_chain(), runtime=rt, policy="heft", name="app",
                         adaptation=hetsched.Adaptation(learn_costs=False)) as app:
                 assert {st.device for st in app.plan.stages} == {"fast"}  # alone: the fast device
                 await app.run(x)
                 assert await rt.review_placement() is None
-                async with Session(_chain(), runtime=rt, devices=["fast"], name="pinned") as pinned:
+                async with Session(neg_relu_chain(), runtime=rt, devices=["fast"], name="pinned") as pinned:
                     for _ in range(9):
                         await pinned.run(x)
                     clock.advance(0.0225)
@@ -212,7 +200,7 @@ async def test_the_runtime_re_places_a_session_when_another_attaches_and_when_it
 @pytest.mark.anyio
 async def test_a_runtime_without_a_replacement_policy_never_re_places(anyio_backend: str) -> None:
     async with Runtime(devices=["cpu:0"], replacement=None) as rt:
-        async with Session(_chain(), runtime=rt, name="a") as a, Session(_chain(), runtime=rt, name="b"):
+        async with Session(neg_relu_chain(), runtime=rt, name="a") as a, Session(neg_relu_chain(), runtime=rt, name="b"):
             await a.run({"x": np.ones(16, np.float32)})
             assert await rt.review_placement() is None
         assert rt.statistics().replacements == ()
@@ -228,9 +216,9 @@ async def test_the_runtimes_placement_monitor_re_places_on_its_own(anyio_backend
     def for_b() -> list[str]:
         return [r for r in rt.statistics().replacements if "b (1 requests measured) attached" in r]
 
-    async with Runtime(devices=["cpu:0"], replacement=cfg) as rt, Session(_chain(), runtime=rt, name="a") as a:
+    async with Runtime(devices=["cpu:0"], replacement=cfg) as rt, Session(neg_relu_chain(), runtime=rt, name="a") as a:
         await a.run(x)
-        async with Session(_chain(), runtime=rt, name="b") as b:
+        async with Session(neg_relu_chain(), runtime=rt, name="b") as b:
             await b.run(x)
             with anyio.fail_after(10):
                 while not for_b():  # noqa: ASYNC110 (the monitor's own period decides)

@@ -19,46 +19,21 @@ import anyio.lowlevel
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import hetsched
 from hetsched import Adaptation, Memory, Priority, Runtime, RuntimeStateError, Scheduling, Session
 from hetsched.lowlevel import SystemClock
 from hetsched.testing import dvfs_knobs
 
+from _models import conv_relu_cnn, neg_relu_chain
+
 pytestmark = pytest.mark.anyio
-
-
-def _chain(n: int = 3) -> onnx.ModelProto:
-    nodes = []
-    prev = "x"
-    for i in range(n):
-        out = "y" if i == n - 1 else f"t{i}"
-        nodes.append(helper.make_node("Neg" if i % 2 == 0 else "Relu", [prev], [out], name=f"op{i}"))
-        prev = out
-    m = helper.make_model(
-        helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
 
 
 def _expected(x: np.ndarray, n: int = 3) -> np.ndarray:
     for i in range(n):
         x = -x if i % 2 == 0 else np.maximum(x, 0)
     return x
-
-
-def _cnn() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.1, "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
 
 
 def _worker_threads() -> int:
@@ -71,9 +46,9 @@ async def test_worker_threads_are_the_runtimes_whatever_the_number_of_sessions(a
         board = _worker_threads() - before
         assert board == rt.worker_threads() >= 1
         async with (
-            Session(_chain(), runtime=rt, max_unit_nodes=1) as a,
-            Session(_chain(), runtime=rt, max_unit_nodes=1) as b,
-            Session(_chain(), runtime=rt, max_unit_nodes=1) as c,
+            Session(neg_relu_chain(), runtime=rt, max_unit_nodes=1) as a,
+            Session(neg_relu_chain(), runtime=rt, max_unit_nodes=1) as b,
+            Session(neg_relu_chain(), runtime=rt, max_unit_nodes=1) as c,
         ):
             x = np.arange(16, dtype=np.float32) - 8
             for s in (a, b, c):
@@ -89,7 +64,7 @@ async def test_attach_and_detach_while_another_session_serves_loses_nothing(anyi
     want = _expected(x)
     served: list[int] = []
     async with Runtime(devices=["cpu:0", "cpu:1"]) as rt:
-        async with Session(_chain(), runtime=rt, max_unit_nodes=1, name="steady") as steady:
+        async with Session(neg_relu_chain(), runtime=rt, max_unit_nodes=1, name="steady") as steady:
             stop = anyio.Event()
             more = anyio.Event()
             target = [1 << 30]
@@ -106,7 +81,7 @@ async def test_attach_and_detach_while_another_session_serves_loses_nothing(anyi
             async with anyio.create_task_group() as tg:
                 tg.start_soon(serve)
                 for round_ in range(3):  # sessions come and go while `steady` serves
-                    async with Session(_chain(), runtime=rt, max_unit_nodes=1, name="visitor") as visitor:
+                    async with Session(neg_relu_chain(), runtime=rt, max_unit_nodes=1, name="visitor") as visitor:
                         async def urgent(v: Session = visitor) -> None:
                             np.testing.assert_array_equal((await v.run({"x": x}, priority=Priority.HIGH))["y"], want)
 
@@ -144,7 +119,7 @@ async def test_closing_the_runtime_closes_sessions_still_attached(anyio_backend:
     ends = _Ends()
     x = np.ones(16, np.float32)
     rt = Runtime(devices=["cpu:0"])
-    s = Session(_chain(), runtime=rt, hooks=[ends])
+    s = Session(neg_relu_chain(), runtime=rt, hooks=[ends])
     async with rt:
         await s.__aenter__()
         await s.run({"x": x})
@@ -164,8 +139,8 @@ async def test_per_session_energy_is_split_from_the_boards_and_sums_to_it(
     x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
     no_replan = Adaptation(replanning=None)
     async with Runtime(root=tmp_path, devices=["gpu"]) as rt:  # the twin's GPU: modelled time and energy
-        async with Session(_cnn(), runtime=rt, adaptation=no_replan, name="a") as a, \
-                   Session(_cnn(), runtime=rt, adaptation=no_replan, name="b") as b:
+        async with Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="a") as a, \
+                   Session(conv_relu_cnn(), runtime=rt, adaptation=no_replan, name="b") as b:
             for _ in range(6):
                 await a.run({"x": x})
             for _ in range(2):
@@ -209,8 +184,8 @@ async def test_the_runtimes_governor_restores_clocks_when_it_closes_with_session
                             handle_signals=False, tick_period_s=0)
     x = np.ones(16, np.float32)
     rt = Runtime(root=root, devices=["cpu:0"], governor=gov)
-    a = Session(_chain(), runtime=rt, name="a")
-    b = Session(_chain(), runtime=rt, name="b")
+    a = Session(neg_relu_chain(), runtime=rt, name="a")
+    b = Session(neg_relu_chain(), runtime=rt, name="b")
     async with rt:
         await a.__aenter__()
         await b.__aenter__()
@@ -235,18 +210,18 @@ async def test_the_runtimes_governor_restores_clocks_when_it_closes_with_session
 async def test_a_session_on_a_runtime_refuses_what_belongs_to_the_runtime(anyio_backend: str) -> None:
     async with Runtime(devices=["cpu:0"]) as rt:
         with pytest.raises(ValueError, match="scheduling"):
-            Session(_chain(), runtime=rt, scheduling=Scheduling(aging_s=1.0))
+            Session(neg_relu_chain(), runtime=rt, scheduling=Scheduling(aging_s=1.0))
         with pytest.raises(ValueError, match="memory"):
-            Session(_chain(), runtime=rt, memory=Memory(chunk_bytes=4096))
+            Session(neg_relu_chain(), runtime=rt, memory=Memory(chunk_bytes=4096))
         with pytest.raises(ValueError, match="governor"):
-            Session(_chain(), runtime=rt, governor=object())
+            Session(neg_relu_chain(), runtime=rt, governor=object())
         with pytest.raises(ValueError, match="clock"):
-            Session(_chain(), runtime=rt, clock=SystemClock())
+            Session(neg_relu_chain(), runtime=rt, clock=SystemClock())
         with pytest.raises(hetsched.DeviceSpecError, match="cpu:1"):
-            async with Session(_chain(), runtime=rt, devices=["cpu:1"]):
+            async with Session(neg_relu_chain(), runtime=rt, devices=["cpu:1"]):
                 pass
         # the failed attach left nothing behind: another session attaches and serves
-        async with Session(_chain(), runtime=rt) as s:
+        async with Session(neg_relu_chain(), runtime=rt) as s:
             out = await s.run({"x": np.ones(16, np.float32)})
             np.testing.assert_array_equal(out["y"], _expected(np.ones(16, np.float32)))
 
@@ -254,7 +229,7 @@ async def test_a_session_on_a_runtime_refuses_what_belongs_to_the_runtime(anyio_
 async def test_a_session_needs_an_open_runtime(anyio_backend: str) -> None:
     rt = Runtime(devices=["cpu:0"])
     with pytest.raises(RuntimeStateError, match="Runtime"):
-        async with Session(_chain(), runtime=rt):
+        async with Session(neg_relu_chain(), runtime=rt):
             pass
 
 
@@ -277,9 +252,9 @@ def test_option_objects_validate_where_they_are_written() -> None:
     with pytest.raises(ValueError, match="max_in_flight"):
         Runtime(max_in_flight=0)
     with pytest.raises(ValueError, match="slo_s"):
-        Session(_chain(), slo_s=0)
+        Session(neg_relu_chain(), slo_s=0)
     with pytest.raises(ValueError, match="weight"):
-        Session(_chain(), weight=-1)
+        Session(neg_relu_chain(), weight=-1)
     mem = Memory(pool_capacity_bytes={"host": 1 << 20})
     with pytest.raises(TypeError):
         mem.pool_capacity_bytes["host"] = 0  # type: ignore[index]  # frozen all the way down
@@ -289,7 +264,7 @@ def test_option_objects_validate_where_they_are_written() -> None:
 
 async def test_run_takes_a_per_request_slo_and_counts_it(anyio_backend: str) -> None:
     x = np.ones(16, np.float32)
-    async with Session(_chain(), devices=["cpu:0"], slo_s=60.0) as s:
+    async with Session(neg_relu_chain(), devices=["cpu:0"], slo_s=60.0) as s:
         for _ in range(3):
             await s.run({"x": x})  # the session's SLO: met
         await s.run({"x": x}, slo_s=None)  # no SLO for this one
@@ -322,7 +297,7 @@ async def test_a_replan_under_way_is_abandoned_when_the_session_closes(anyio_bac
     with FakeBackend("fake-quickc"), Slow("fake-slowc") as slow:
         slow.hooks = BackendHooks(slow_compile=True)
         devices = [fake_device("quickdev", backend="fake-quickc"), fake_device("slowdev", backend="fake-slowc")]
-        s = Session(_chain(12), devices=devices, max_unit_nodes=1, policy=policy,
+        s = Session(neg_relu_chain(12), devices=devices, max_unit_nodes=1, policy=policy,
                     adaptation=Adaptation(background_compile=True, replanning=None))
         x = np.arange(16, dtype=np.float32) - 8
         async with s:
@@ -392,17 +367,17 @@ async def test_a_session_is_placed_knowing_the_load_the_others_put_on_the_board(
         fast = fake_device("fast", backend="fake-timed", peak_flops=4e10)
         slow = fake_device("slow", backend="fake-timed", peak_flops=1e10)
         async with Runtime(devices=[fast, slow], clock=clock) as rt:
-            async with Session(_chain(), runtime=rt, devices=["fast"], name="busy") as busy:
+            async with Session(neg_relu_chain(), runtime=rt, devices=["fast"], name="busy") as busy:
                 for _ in range(20):
                     await busy.run({"x": np.ones(16, np.float32)})
                 clock.advance(0.2)  # 20 runs x 10 ms of device time in 0.2 s: "fast" is taken
                 (res,) = rt.reservations(except_session="other")
                 assert res.session == "busy" and res.busy_share == {"fast": pytest.approx(1.0)}
-                async with Session(_chain(), runtime=rt, policy=spy, name="other") as other:
+                async with Session(neg_relu_chain(), runtime=rt, policy=spy, name="other") as other:
                     assert [r.session for r in seen[-1]] == ["busy"]
                     assert {st.device for st in other.plan.stages} == {"slow"}
             # alone on the board, the same model goes to the fast device
-            async with Session(_chain(), runtime=rt, policy="heft", name="alone") as alone:
+            async with Session(neg_relu_chain(), runtime=rt, policy="heft", name="alone") as alone:
                 assert {st.device for st in alone.plan.stages} == {"fast"}
 
 
@@ -422,8 +397,8 @@ async def test_the_runtime_wide_admission_limit_spans_its_sessions(anyio_backend
     seen = _Concurrency()  # REQUEST_START/END run on the event loop, between taking and giving back a slot
     x = np.ones(16, np.float32)
     async with Runtime(devices=["cpu:0"], max_in_flight=2) as rt:
-        async with Session(_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as a, \
-                   Session(_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as b:
+        async with Session(neg_relu_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as a, \
+                   Session(neg_relu_chain(), runtime=rt, hooks=[seen], max_in_flight=8) as b:
             async with anyio.create_task_group() as tg:
                 for s in (a, b) * 10:
                     tg.start_soon(s.run, {"x": x})

@@ -12,28 +12,13 @@ from typing import Any
 
 import anyio
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from hetsched import Priority, Runtime, Session
 
+from _models import neg_relu_chain
+
 pytestmark = pytest.mark.anyio
-
-
-def _chain(n: int = 3) -> onnx.ModelProto:
-    nodes = []
-    prev = "x"
-    for i in range(n):
-        out = "y" if i == n - 1 else f"t{i}"
-        nodes.append(helper.make_node("Neg" if i % 2 == 0 else "Relu", [prev], [out], name=f"op{i}"))
-        prev = out
-    m = helper.make_model(
-        helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16])]),
-        opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
 
 
 def _processes(trace: dict[str, Any]) -> dict[str, int]:
@@ -45,14 +30,14 @@ async def test_a_runtimes_trace_has_a_track_per_session(tmp_path: Path, anyio_ba
     path = tmp_path / "board.json"
     x = {"x": np.ones(16, np.float32)}
     async with Runtime(devices=["cpu:0", "cpu:1"], trace=path, replacement=None) as rt:
-        async with Session(_chain(), runtime=rt, name="det", max_unit_nodes=1) as det, \
-                   Session(_chain(), runtime=rt, name="cls", max_unit_nodes=1) as cls, \
+        async with Session(neg_relu_chain(), runtime=rt, name="det", max_unit_nodes=1) as det, \
+                   Session(neg_relu_chain(), runtime=rt, name="cls", max_unit_nodes=1) as cls, \
                    anyio.create_task_group() as tg:
             for _ in range(3):
                 tg.start_soon(lambda: det.run(x, priority=Priority.HIGH))
                 tg.start_soon(cls.run, x)
         # a session attaching later under a taken name gets its own track too
-        async with Session(_chain(), runtime=rt, name="det") as det2:
+        async with Session(neg_relu_chain(), runtime=rt, name="det") as det2:
             await det2.run(x)
             assert det2.name == "det#2"
     trace = json.loads(path.read_text())
@@ -85,7 +70,7 @@ async def test_a_runtimes_trace_has_a_track_per_session(tmp_path: Path, anyio_ba
 
 async def test_a_session_on_a_private_runtime_still_writes_its_own_trace(tmp_path: Path, anyio_backend: str) -> None:
     path = tmp_path / "one.json"
-    async with Session(_chain(), devices=["cpu:0"], trace=path, max_unit_nodes=1) as s:
+    async with Session(neg_relu_chain(), devices=["cpu:0"], trace=path, max_unit_nodes=1) as s:
         await s.run({"x": np.ones(16, np.float32)})
     trace = json.loads(path.read_text())
     procs = _processes(trace)
